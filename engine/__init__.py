@@ -1,0 +1,1 @@
+"""rigllm engine: model loading, backends, generation, server and CLI (never imports Qt)."""

@@ -1,0 +1,1 @@
+"""GGUF reading, validation, ModelConfig, HF converter and synthetic model writers."""

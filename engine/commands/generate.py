@@ -1,0 +1,115 @@
+"""`rigllm generate [MODEL] --prompt TEXT`: stream a chat reply to the terminal, then tokens/s.
+
+With no model it uses the generated demo model (random weights, labelled as such), so a fresh
+install shows the whole pipeline working without downloading anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.generation.backend import BACKEND_CHOICES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("generate", help="stream a reply from a model (default: the random-weight demo model)")
+    p.add_argument("model", nargs="?", help="a qwen35 GGUF file (omit for the demo model)")
+    p.add_argument("--prompt", required=True, help="the user message")
+    p.add_argument("--system", help="an optional system message")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as-is, without the chat template")
+    thinking = p.add_mutually_exclusive_group()
+    thinking.add_argument("--think", dest="thinking", action="store_const", const=True, help="turn thinking on")
+    thinking.add_argument("--no-think", dest="thinking", action="store_const", const=False, help="turn thinking off")
+    p.add_argument("--hide-thinking", action="store_true", help="do not print the reasoning part")
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.errors import RigllmError
+    from engine.generation.backend import open_backend
+    from engine.generation.chat_prompt import build_chat_prompt
+    from engine.generation.chat_template import ChatTemplate
+    from engine.generation.detokenizer import IncrementalDetokenizer
+    from engine.generation.output_parser import ContentDelta, OutputParser, ReasoningDelta
+    from engine.generation.sampler import Sampler, SamplingParams
+    from engine.generation.token_stream import TokenStream
+    from engine.generation.tokenizer import Tokenizer
+    from engine.gguf.demo_model import ensure_demo_model
+    from engine.gguf.loader import load_model
+
+    if args.max_tokens < 1:
+        raise RigllmError("--max-tokens must be at least 1")
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, seed=args.seed,
+    )
+    if args.model is None:
+        path = ensure_demo_model()
+        print("[rigllm] no model given: using the demo model (random weights, its output is gibberish)", file=sys.stderr)
+    else:
+        path = args.model
+    loaded = load_model(path)
+    tokenizer = Tokenizer.from_model_file(loaded.file)
+    backend = open_backend(args.backend, loaded)
+    context = loaded.config.context_length
+    if args.raw:
+        prompt_ids, thinking = tokenizer.encode(args.prompt, parse_special=True), False
+        if len(prompt_ids) >= context:
+            raise RigllmError(f"the prompt is {len(prompt_ids)} tokens, the context holds {context}")
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        prompt = build_chat_prompt(ChatTemplate.for_model(loaded.file.fields), tokenizer, messages,
+                                   enable_thinking=args.thinking, context_length=context)
+        prompt_ids, thinking = prompt.token_ids, prompt.thinking
+    max_tokens = min(args.max_tokens, context - len(prompt_ids))
+
+    stream = TokenStream(backend, prompt_ids, Sampler(params), max_tokens, tokenizer.eos_ids)
+    detok = IncrementalDetokenizer(tokenizer)
+    parser = OutputParser(thinking=thinking)
+    in_reasoning = False
+
+    def show(events: list) -> None:
+        nonlocal in_reasoning
+        for event in events:
+            if isinstance(event, ReasoningDelta):
+                if args.hide_thinking:
+                    continue
+                if not in_reasoning:
+                    sys.stdout.write("<think>\n")
+                    in_reasoning = True
+                sys.stdout.write(event.text)
+            elif isinstance(event, ContentDelta):
+                if in_reasoning:
+                    sys.stdout.write("\n</think>\n\n")
+                    in_reasoning = False
+                sys.stdout.write(event.text)
+        sys.stdout.flush()
+
+    print(f"[rigllm] {loaded.path.name} on the {backend.name} backend, prompt {len(prompt_ids)} tokens", file=sys.stderr)
+    for token in stream:
+        show(parser.feed(detok.add(token)))
+    show(parser.feed(detok.flush()) + parser.finish())
+    if in_reasoning:
+        sys.stdout.write("\n</think>")
+    sys.stdout.write("\n")
+    s = stream.stats
+    print(
+        f"[rigllm] {s.generated_tokens} tokens ({s.stop_reason}); prefill {s.prompt_tokens} tokens at "
+        f"{s.prefill_tokens_per_second:.1f} t/s; decode {s.decode_tokens_per_second:.1f} t/s",
+        file=sys.stderr,
+    )
+    return 0

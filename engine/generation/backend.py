@@ -1,0 +1,57 @@
+"""The interface the generation layer drives, and the backends that implement it.
+
+A backend owns the model's weights and runs forward passes on opaque per-sequence state objects;
+the generation layer above it (prompting, sampling, streaming) never sees how. Today there is the
+numpy reference backend; the CUDA backend plugs in here with the same two methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from engine.errors import RigllmError
+from engine.gguf.config import ModelConfig
+from engine.gguf.loader import LoadedModel
+
+BACKEND_CHOICES = ("auto", "reference")
+
+
+class Backend(Protocol):
+    """Runs the model: a sequence object carries the KV cache and GDN state between calls."""
+
+    name: str
+    config: ModelConfig
+
+    def new_sequence(self) -> Any:
+        """Fresh per-sequence state (empty caches, position 0)."""
+
+    def forward_last(self, token_ids: Sequence[int], sequence: Any) -> np.ndarray:
+        """Process `token_ids` continuing `sequence`; return the logits [V] of the last token only."""
+
+
+class ReferenceBackend:
+    """The numpy fp32 forward pass (engine.reference): slow, exact, the truth other backends match."""
+
+    name = "reference"
+
+    def __init__(self, loaded: LoadedModel):
+        from engine.reference.model import ReferenceModel
+
+        self.model = ReferenceModel.from_model_file(loaded.file)
+        self.config = self.model.cfg
+
+    def new_sequence(self) -> Any:
+        return self.model.new_state()
+
+    def forward_last(self, token_ids: Sequence[int], sequence: Any) -> np.ndarray:
+        hidden = self.model.forward_hidden(token_ids, sequence)
+        return self.model.logits(hidden[-1:])[0]
+
+
+def open_backend(name: str, loaded: LoadedModel) -> Backend:
+    """Build the named backend; `auto` takes the fastest usable one (the reference until CUDA lands)."""
+    if name in ("auto", "reference"):
+        return ReferenceBackend(loaded)
+    raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -1,0 +1,19 @@
+"""Test-wide settings: keep rigllm's per-user data (demo model cache) inside a temporary folder."""
+
+import os
+import tempfile
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_user_data_dir():
+    """Never touch the real ~/.local/share/rigllm from tests."""
+    with tempfile.TemporaryDirectory(prefix="rigllm-test-data-") as tmp:
+        old = os.environ.get("RIGLLM_DATA_DIR")
+        os.environ["RIGLLM_DATA_DIR"] = tmp
+        yield
+        if old is None:
+            os.environ.pop("RIGLLM_DATA_DIR", None)
+        else:
+            os.environ["RIGLLM_DATA_DIR"] = old

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from engine.errors import RigllmError
 from engine.generation.chat_template import ChatTemplate
-from engine.generation.output_parser import THINK_OPEN
+from engine.generation.output_parser import thinking_from_prompt
 from engine.generation.thinking_switch import choose_thinking
 from engine.generation.tokenizer import Tokenizer
 
@@ -40,4 +40,4 @@ def build_chat_prompt(
             f"the conversation is {len(ids)} tokens, the context holds {context_length}; "
             "drop older turns or start a new chat"
         )
-    return ChatPrompt(text, ids, thinking=text.rstrip("\n").endswith(THINK_OPEN))
+    return ChatPrompt(text, ids, thinking=thinking_from_prompt(text))

@@ -1,0 +1,71 @@
+"""Gated full attention (spec §6.5): per-head [query | gate] rows, q/k RMSNorm, IMROPE, GQA, sigmoid gate.
+
+Handles any batch length against the layer's KV cache: the T new tokens are appended after the
+cached ones and each new token attends to every cached token and to the new tokens up to itself
+(causal by cache order, not by position value, because image tokens share positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.gguf.config import ModelConfig
+from engine.reference.activations import sigmoid
+from engine.reference.linear import Linear, WeightTable
+from engine.reference.norms import rmsnorm
+from engine.reference.rope import Rope
+from engine.reference.state import KVCache
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q: Linear  # [2·H·Dh, D]: head h owns rows [2h·Dh, 2h·Dh+Dh) query, then Dh gate rows
+    k: Linear
+    v: Linear
+    out: Linear
+    q_norm: np.ndarray  # [Dh], shared by all heads, +1 already applied
+    k_norm: np.ndarray
+
+    @classmethod
+    def load(cls, table: WeightTable, cfg: ModelConfig, block: int) -> "AttentionWeights":
+        p = f"blk.{block}."
+        return cls(
+            q=table.linear(p + "attn_q.weight", 2 * cfg.q_dim, cfg.d_model),
+            k=table.linear(p + "attn_k.weight", cfg.kv_dim, cfg.d_model),
+            v=table.linear(p + "attn_v.weight", cfg.kv_dim, cfg.d_model),
+            out=table.linear(p + "attn_output.weight", cfg.d_model, cfg.q_dim),
+            q_norm=table.tensor(p + "attn_q_norm.weight", (cfg.head_dim,)),
+            k_norm=table.tensor(p + "attn_k_norm.weight", (cfg.head_dim,)),
+        )
+
+
+def gated_attention(
+    w: AttentionWeights, cfg: ModelConfig, rope: Rope, a: np.ndarray, positions: np.ndarray, cache: KVCache
+) -> np.ndarray:
+    """Mixer output [T, D] for normalised input a [T, D] at positions [T, 3]; appends K/V to `cache`."""
+    t_new = a.shape[0]
+    h, hkv, dh = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    qg = w.q(a).reshape(t_new, h, 2, dh)
+    q = rmsnorm(qg[:, :, 0], w.q_norm, cfg.rms_eps)
+    gate = qg[:, :, 1].reshape(t_new, h * dh)
+    k = rmsnorm(w.k(a).reshape(t_new, hkv, dh), w.k_norm, cfg.rms_eps)
+    v = w.v(a).reshape(t_new, hkv, dh)
+    q = rope.apply(q, positions)
+    k = rope.apply(k, positions)
+
+    n_past = cache.length
+    cache.append(k, v)
+    keys, values = cache.keys, cache.values  # [S, Hkv, Dh]
+
+    group = h // hkv  # query head h reads kv head h // group (HF repeat_kv)
+    qh = q.reshape(t_new, hkv, group, dh).transpose(1, 2, 0, 3)  # [Hkv, G, T, Dh]
+    scores = (qh @ keys.transpose(1, 2, 0)[:, None]) * np.float32(dh**-0.5)  # [Hkv, G, T, S]
+    visible = np.arange(cache.length)[None, :] <= (n_past + np.arange(t_new))[:, None]  # [T, S]
+    scores = np.where(visible, scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    o = probs @ values.transpose(1, 0, 2)[:, None]  # [Hkv, G, T, Dh]
+    o = o.transpose(2, 0, 1, 3).reshape(t_new, h * dh)
+    return w.out(o * sigmoid(gate))

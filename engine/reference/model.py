@@ -1,0 +1,101 @@
+"""`ReferenceModel`: the numpy fp32 forward pass of the Qwen3.5/3.6 text model (spec §6).
+
+It is the executable specification the CUDA backend is tested against, so it favours clarity over
+speed: vectorised over heads and tokens, no caching tricks beyond the per-sequence state the model
+itself defines. Weights are GGUF-named tensors in numpy order (what `ModelFile.tensor` returns or
+`hf_to_gguf_tensors` yields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+
+from engine.gguf.config import ModelConfig
+from engine.gguf.model_file import ModelFile
+from engine.reference.activation_rounding import ActivationRounding, fp32_kernel_weights
+from engine.reference.block import DecoderBlock
+from engine.reference.linear import Linear, WeightTable
+from engine.reference.mtp import MtpHead
+from engine.reference.norms import rmsnorm
+from engine.reference.rope import Rope, as_positions, text_positions
+from engine.reference.state import SequenceState
+
+
+class ReferenceModel:
+    """The trunk (embedding, L blocks, final norm, LM head) plus any MTP heads present in the weights."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: Mapping[str, np.ndarray],
+        rounding: ActivationRounding = ActivationRounding.EXACT,
+        fp32_weights: Collection[str] = (),
+    ):
+        """`fp32_weights`: matmul weights whose inputs stay unrounded in KERNEL mode (see activation_rounding)."""
+        self.cfg = cfg
+        self.rounding = rounding
+        table = WeightTable(weights, rounding, fp32_weights)
+        self.rope = Rope(cfg)
+        self.embedding = table.tensor("token_embd.weight", (cfg.vocab_size, cfg.d_model))
+        self.blocks = [DecoderBlock(table, cfg, i, self.rope) for i in range(cfg.n_layers)]
+        self.output_norm = table.tensor("output_norm.weight", (cfg.d_model,))
+        head = "output.weight" if table.has("output.weight") else "token_embd.weight"
+        self.lm_head: Linear = table.linear(head, cfg.vocab_size, cfg.d_model)
+        self.mtp = [
+            MtpHead(table, cfg, k, self.rope, self.embedding, self.lm_head, self.output_norm)
+            for k in range(cfg.n_mtp)
+            if MtpHead.present(table, cfg, k)
+        ]
+
+    @classmethod
+    def from_model_file(
+        cls, mf: ModelFile, rounding: ActivationRounding = ActivationRounding.EXACT
+    ) -> "ReferenceModel":
+        """Load every tensor eagerly as fp32 (the reference is for small models and checks)."""
+        vocab = mf.tensors["token_embd.weight"].numpy_shape[0] if mf.has("token_embd.weight") else 0
+        cfg = ModelConfig.from_gguf_fields(mf.fields, vocab_size=vocab, tied_embeddings=not mf.has("output.weight"))
+        weights = {name: mf.tensor(name) for name in mf.tensors}
+        return cls(cfg, weights, rounding, fp32_kernel_weights(mf.tensors))
+
+    def new_state(self) -> SequenceState:
+        """A fresh sequence: empty caches, zero GDN states, next position 0."""
+        return SequenceState(self.cfg)
+
+    def forward_hidden(
+        self, token_ids: Sequence[int] | np.ndarray, state: SequenceState, positions: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Final-normed hidden states [T, D] (the MTP input) for a batch continuing `state`.
+
+        `positions`: [T] or [T, 3] (t, h, w); default: consecutive text positions from
+        `state.next_position`. Afterwards `state.next_position` is the largest position used + 1
+        (M-RoPE "last position + 1", not a token count).
+        """
+        if state.cfg != self.cfg:
+            raise ValueError("state belongs to a different model configuration")
+        tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        n_tok = tokens.shape[0]
+        if n_tok == 0:
+            raise ValueError("forward needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        pos = text_positions(state.next_position, n_tok) if positions is None else as_positions(positions, n_tok)
+
+        h = self.embedding[tokens]
+        for block in self.blocks:
+            cache = state.gdn[block.index] if block.is_gdn else state.kv[block.index]
+            h = block(h, pos, cache)
+        state.n_tokens += n_tok
+        state.next_position = int(pos.max()) + 1
+        return rmsnorm(h, self.output_norm, self.cfg.rms_eps)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """LM head: hidden [T, D] (final-normed) → logits [T, V]."""
+        return self.lm_head(hidden)
+
+    def forward(
+        self, token_ids: Sequence[int] | np.ndarray, state: SequenceState, positions: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Logits [T, V] for a batch of any length continuing `state` (prefill or decode)."""
+        return self.logits(self.forward_hidden(token_ids, state, positions))

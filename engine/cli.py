@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rigllm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `rigllm info X | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""`rigllm info FILE`: validate a model file and report its shape, sizes and per-card split."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "info",
+        help="describe a Qwen3.5/3.6 GGUF: parameters, layers, types, sizes, per-card split",
+        description="Validate a qwen35 GGUF and print its architecture, parameter counts, layer pattern, context, "
+        "tensor types, weight bytes, KV bytes per token for each KV format, GDN state bytes and the per-card "
+        "split for 1-4 cards of 16 GB.",
+    )
+    parser.add_argument("file", help="the .gguf model file")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--context", type=int, default=None, help="context (tokens) for the per-card split; default: the model's"
+    )
+    parser.add_argument(
+        "--kv", default=None, help="KV format for the per-card split (f16, k8v8, k8v4, k8v3, k4v4, k3v3); default: k8v3"
+    )
+    parser.add_argument("--no-mtp", action="store_true", help="plan without the MTP block even if the file has one")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.errors import RigllmError
+    from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
+    from engine.gguf.info import describe, render_text
+    from engine.gguf.loader import load_model
+
+    if args.context is not None and args.context < 1:
+        raise RigllmError(f"--context must be at least 1, not {args.context}")
+    model = load_model(args.file)
+    info = describe(
+        model, args.context, args.kv or DEFAULT_LONG_CONTEXT_FORMAT, with_mtp=False if args.no_mtp else None
+    )
+    print(json.dumps(info, indent=2) if args.json else render_text(info))
+    return 0

@@ -1,0 +1,225 @@
+"""Per-card memory plan, made before any allocation (contracts.md "Hardware facts"; architecture rule 7).
+
+A card profile is the card's total bytes minus a reserve for the CUDA context and driver (600 MiB),
+a safety margin (3 % of the total) and memory other processes use (when known). The trunk layers are
+cut into contiguous ranges, one per card, so that the fullest card is as empty as possible (exact:
+a small dynamic programme over cut points, minimising the largest used/usable ratio). A layer costs
+its device weights (model_footprint), its KV at the chosen context and KV format, and its GDN state
+for `n_seqs` sequences. Card 0 also holds the token embedding (only rows are gathered, but all of
+it lives there); the last card holds the final norm and the LM head (with tied embeddings and more
+than one card, a second copy of `token_embd`), the MTP block when it is enabled, and the logits.
+Every card gets scratch for one prefill chunk of activations plus a fixed allowance for kernel
+images, graphs and per-step buffers; these are estimates until the CUDA backend reports actual
+bytes, which the app shows next to the plan. A plan that does not fit raises `RigllmError` naming the
+card and the shortfall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import RigllmError
+from engine.gguf.config import ModelConfig
+from engine.generation.kv_formats import KVFormat
+from engine.generation.model_footprint import FP32_BYTES, Footprint
+
+MIB = 1 << 20
+GIB = 1 << 30
+CARD_16GB_BYTES = 16 * GIB  # a "16 GB card" is 16 GiB of HBM2
+CUDA_CONTEXT_RESERVE = 600 * MIB
+SAFETY_MARGIN = 0.03
+SCRATCH_FIXED = 64 * MIB  # kernel images, CUDA graphs, per-step parameter and sampler buffers
+DEFAULT_PREFILL_CHUNK = 512  # tokens per prefill chunk the activation scratch is sized for
+
+
+@dataclass(frozen=True)
+class CardProfile:
+    """One card's capacity; `usable_bytes` is what the plan may fill."""
+
+    name: str
+    total_bytes: int
+    reserve_bytes: int = CUDA_CONTEXT_RESERVE
+    margin: float = SAFETY_MARGIN
+    other_used_bytes: int = 0  # memory other processes hold, when known
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.total_bytes - self.reserve_bytes - self.other_used_bytes - int(self.margin * self.total_bytes)
+
+
+def cards_16gb(n: int) -> list[CardProfile]:
+    """`n` default 16 GB card profiles, named `card 0`..`card n-1`."""
+    return [CardProfile(f"card {i}", CARD_16GB_BYTES) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class CardPlan:
+    """What one card holds and how many bytes each part takes."""
+
+    profile: CardProfile
+    layers: range  # trunk layers on this card
+    embedding: bool
+    head: bool
+    mtp: bool
+    weight_bytes: int
+    kv_bytes: int
+    state_bytes: int
+    scratch_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.scratch_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self.profile.usable_bytes - self.total_bytes
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    cards: tuple[CardPlan, ...]
+    context: int  # KV cells (tokens), shared by all sequences
+    kv_format: str
+    n_seqs: int  # sequences with their own GDN state
+    with_mtp: bool
+    notes: tuple[str, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.total_bytes for c in self.cards)
+
+
+def format_bytes(n: int) -> str:
+    """Binary units, to two or one decimals: '14.93 GiB', '193.9 MiB', '32.0 KiB', '512 B'."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if abs(n) >= MIB:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{n} B"
+
+
+def scratch_bytes(cfg: ModelConfig, prefill_chunk: int) -> int:
+    """Activation workspace for one prefill chunk (double-buffered fp32: residual in/out + widest projection)."""
+    widest = max(
+        2 * cfg.d_ff, 2 * cfg.q_dim + 2 * cfg.kv_dim, cfg.ssm_conv_dim + cfg.ssm_d_inner + 2 * cfg.ssm_n_v_heads
+    )
+    return SCRATCH_FIXED + 2 * prefill_chunk * FP32_BYTES * (2 * cfg.d_model + widest)
+
+
+def logits_bytes(cfg: ModelConfig, n_seqs: int) -> int:
+    """fp32 logits and the sampler's equally sized workspace, per sequence."""
+    return 2 * n_seqs * cfg.vocab_size * FP32_BYTES
+
+
+def plan(
+    fp: Footprint,
+    cards: list[CardProfile],
+    context: int,
+    kv: KVFormat,
+    n_seqs: int = 1,
+    with_mtp: bool = False,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> MemoryPlan:
+    """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit."""
+    cfg = fp.config
+    n = len(cards)
+    if n < 1 or context < 1 or n_seqs < 1 or prefill_chunk < 1:
+        raise RigllmError(
+            "a memory plan needs at least one card, one token of context, one sequence and a prefill chunk"
+        )
+    if n > cfg.n_layers:
+        raise RigllmError(f"cannot split {cfg.n_layers} layers over {n} cards")
+    if with_mtp and cfg.n_mtp == 0:
+        raise RigllmError("the model has no MTP block to enable")
+    for card in cards:
+        if card.usable_bytes <= 0:
+            raise RigllmError(f"{card.name}: no usable memory ({format_bytes(card.total_bytes)} total)")
+
+    def layer_parts(block: int) -> tuple[int, int, int]:
+        return (
+            fp.block_bytes[block],
+            context * fp.kv_bytes_per_token(block, kv),
+            n_seqs * fp.state_bytes_per_sequence(block),
+        )
+
+    mtp_blocks = range(cfg.n_layers, cfg.n_blocks) if with_mtp else range(0)
+    scratch = scratch_bytes(cfg, prefill_chunk)
+
+    def extras(k: int) -> tuple[int, int, int, int]:
+        """(weights, kv, state, scratch) a card holds besides its trunk layers."""
+        weights, kv_bytes, state, extra_scratch = 0, 0, 0, scratch
+        if k == 0:
+            weights += fp.embedding_bytes
+        if k == n - 1:
+            weights += fp.head_bytes + (fp.embedding_bytes if cfg.tied_embeddings and n > 1 else 0)
+            for block in mtp_blocks:
+                w, c, s = layer_parts(block)
+                weights, kv_bytes, state = weights + w, kv_bytes + c, state + s
+            extra_scratch += logits_bytes(cfg, n_seqs)
+        return weights, kv_bytes, state, extra_scratch
+
+    layer_cost = [sum(layer_parts(i)) for i in range(cfg.n_layers)]
+    fixed = [sum(extras(k)) for k in range(n)]
+    cuts = _balanced_cuts(layer_cost, fixed, [c.usable_bytes for c in cards])
+
+    plans = []
+    for k, card in enumerate(cards):
+        layers = range(cuts[k], cuts[k + 1])
+        weights, kv_bytes, state, extra_scratch = extras(k)
+        for block in layers:
+            w, c, s = layer_parts(block)
+            weights, kv_bytes, state = weights + w, kv_bytes + c, state + s
+        plans.append(
+            CardPlan(card, layers, k == 0, k == n - 1, with_mtp and k == n - 1, weights, kv_bytes, state, extra_scratch)
+        )
+
+    over = [p for p in plans if p.free_bytes < 0]
+    if over:
+        worst = min(over, key=lambda p: p.free_bytes)
+        raise RigllmError(
+            f"{worst.profile.name}: the plan needs {format_bytes(worst.total_bytes)} for layers "
+            f"{worst.layers.start}-{worst.layers.stop - 1} (weights {format_bytes(worst.weight_bytes)}, "
+            f"KV {format_bytes(worst.kv_bytes)} at {context} tokens in {kv.name}, GDN state {format_bytes(worst.state_bytes)}, "
+            f"scratch {format_bytes(worst.scratch_bytes)}) but has {format_bytes(worst.profile.usable_bytes)} usable: "
+            f"short by {format_bytes(-worst.free_bytes)} on {n} card(s); use more cards, a shorter context or a smaller KV format"
+        )
+    return MemoryPlan(tuple(plans), context, kv.name, n_seqs, with_mtp, tuple(_notes(fp, n, context, kv)))
+
+
+def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list[int]:
+    """Cut points `0 = c0 < c1 < ... < cn = len(cost)` minimising max_k (fixed_k + layers of k) / usable_k."""
+    n, length = len(fixed), len(cost)
+    prefix = [0]
+    for c in cost:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][b]: smallest worst ratio with cards 0..k holding layers [0, b); arg[k][b]: where card k starts
+    best = [[inf] * (length + 1) for _ in range(n)]
+    arg = [[0] * (length + 1) for _ in range(n)]
+    for b in range(1, length + 1):
+        best[0][b] = (fixed[0] + prefix[b]) / usable[0]
+    for k in range(1, n):
+        for b in range(k + 1, length + 1):
+            for a in range(k, b):
+                ratio = max(best[k - 1][a], (fixed[k] + prefix[b] - prefix[a]) / usable[k])
+                if ratio < best[k][b]:
+                    best[k][b], arg[k][b] = ratio, a
+    cuts = [length]
+    for k in range(n - 1, 0, -1):
+        cuts.append(arg[k][cuts[-1]])
+    cuts.append(0)
+    return cuts[::-1]
+
+
+def _notes(fp: Footprint, n_cards: int, context: int, kv: KVFormat) -> list[str]:
+    cfg = fp.config
+    notes = [f"weights counted from {fp.source}"]
+    if fp.requantised:
+        notes.append(f"{fp.requantised} large F16/BF16/F32 weights are counted as requantised to Q8_0 at load")
+    if cfg.tied_embeddings and n_cards > 1:
+        notes.append("tied embeddings: the last card keeps its own copy of token_embd as the LM head")
+    if context > cfg.context_length:
+        notes.append(f"context {context} is beyond the model's native {cfg.context_length} tokens")
+    if kv.name != "f16":
+        notes.append(f"KV format {kv.name}: sizes only; its kernels arrive with the Long-context issue")
+    return notes

@@ -141,7 +141,8 @@ class ModelConfig:
         """Build from an HF `config.json` dict (text config, or a multimodal one with `text_config`)."""
         hp = {**hf, **hf.get("text_config", {})}
         rope = hp.get("rope_parameters") or {}
-        head_dim = int(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
+        # Missing keys take transformers' Qwen3_5TextConfig defaults, so we convert what HF would load.
+        head_dim = int(hp.get("head_dim") or 256)
         partial = float(rope.get("partial_rotary_factor", hp.get("partial_rotary_factor", 0.25)))
         sections = tuple(int(s) for s in rope.get("mrope_section", DEFAULT_ROPE_SECTIONS))
         sections = (sections + (0, 0, 0, 0))[:4]
@@ -162,9 +163,9 @@ class ModelConfig:
             head_dim=head_dim,
             rope_dims=int(head_dim * partial),
             rope_sections=sections,  # type: ignore[arg-type]
-            rope_theta=float(rope.get("rope_theta", hp.get("rope_theta", 10_000_000.0))),
+            rope_theta=float(rope.get("rope_theta", hp.get("rope_theta", 10_000.0))),
             rms_eps=float(hp.get("rms_norm_eps", 1e-6)),
-            context_length=int(hp.get("max_position_embeddings", 262144)),
+            context_length=int(hp.get("max_position_embeddings", 32768)),
             ssm_conv_kernel=int(hp.get("linear_conv_kernel_dim", 4)),
             ssm_d_state=int(hp["linear_key_head_dim"]),
             ssm_n_k_heads=int(hp["linear_num_key_heads"]),

@@ -147,3 +147,20 @@ def test_llama_cpp_logits_on_our_q8_0_gguf_track_transformers(tiny_hf, tmp_path,
     got = llama_logits(convert(hf_dir, tmp_path / "m.gguf", "q8_0"), tokens)
     assert np.sqrt(((got - want) ** 2).mean()) / want.std() < 0.35
     assert (got.argmax(1) == want.argmax(1)).mean() > 0.6
+
+
+@pytest.mark.parametrize("variant", ["gqa2-hv2", "gqa4-hv3-l6", "gqa4-hv2-l5-tied"])
+def test_reference_on_llama_cpp_converted_gguf_matches_transformers(tiny_hf, tmp_path, variant):
+    """The spec's other direction: llama.cpp's converter writes the file, our reference reads it (fp32)."""
+    from engine.gguf.loader import load_model
+    from engine.reference.model import ReferenceModel
+
+    hf_dir = tiny_hf(variant)
+    gguf = llama_convert(hf_dir, tmp_path / "llama.gguf", "f32", mtp=False)
+    tokens = [int(t) for t in np.random.default_rng(11).integers(0, 500, 70)]
+    want = hf_logits(hf_dir, tokens)
+    model = ReferenceModel.from_model_file(load_model(gguf).file)
+    got = model.forward(tokens, model.new_state())
+    rel = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    assert rel.max() < 1e-4, rel.max()
+    assert (got.argmax(1) == want.argmax(1)).all()

@@ -15,7 +15,7 @@ from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 
-BACKEND_CHOICES = ("auto", "reference")
+BACKEND_CHOICES = ("auto", "reference", "cuda")
 
 
 class Backend(Protocol):
@@ -51,7 +51,19 @@ class ReferenceBackend:
 
 
 def open_backend(name: str, loaded: LoadedModel) -> Backend:
-    """Build the named backend; `auto` takes the fastest usable one (the reference until CUDA lands)."""
-    if name in ("auto", "reference"):
+    """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference."""
+    if name == "auto":
+        from engine.cuda.driver import gpu_unavailable_reason
+
+        name = "reference" if gpu_unavailable_reason() else "cuda"
+    if name == "reference":
         return ReferenceBackend(loaded)
+    if name == "cuda":
+        from engine.cuda.backend import CudaBackend
+        from engine.cuda.driver import gpu_unavailable_reason
+
+        reason = gpu_unavailable_reason()
+        if reason:
+            raise RigllmError(f"the CUDA backend cannot run here: {reason}")
+        return CudaBackend(loaded)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -1,0 +1,26 @@
+// Elementwise kernels between GEMVs: the SwiGLU product, fused with the Q8_1 quantisation that the
+// down projection's input needs. fp32 in and out; the nonlinearity uses the reference's overflow-free
+// form (engine/reference/activations.py) with accurate expf. (Residual adds need no kernel here: the
+// GEMV and GEMM epilogues add them.)
+#include "activations.cuh"
+#include "q8_1_warp.cuh"
+
+// h = silu(gate) * up for n_rows rows of width n (a multiple of 32), one warp per 32-value block:
+// gate and up rows start every `in_stride` floats (separate [T][n] buffers: n; one stacked
+// gate+up GEMV output [T][2n]: 2n, with up = gate + n). Output rows are dense: `y` [T][n] fp32
+// and/or Q8_1 `yq` [T][n], `yd` [T][n/32]; either may be null. Grid: enough blocks of any multiple of
+// 32 threads to cover n_rows * n / 32 warps.
+extern "C" __global__ void swiglu_q8_1(const float* __restrict__ gate, const float* __restrict__ up, int in_stride,
+                                       int n, int n_rows, float* __restrict__ y, signed char* __restrict__ yq,
+                                       float* __restrict__ yd) {
+    const int blocks_per_row = n >> 5;
+    const long long warp_id = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (warp_id >= (long long)n_rows * blocks_per_row) return;  // whole warps leave together
+    const int row = (int)(warp_id / blocks_per_row);
+    const int i = (int)(warp_id - (long long)row * blocks_per_row) * 32 + (threadIdx.x & 31);
+    const size_t in = (size_t)row * in_stride + i;
+    const float h = rigllm::silu(gate[in]) * up[in];
+    const size_t out = (size_t)row * n + i;
+    if (y != nullptr) y[out] = h;
+    if (yq != nullptr) q8_1_quantize_warp(h, yq + out, yd + out / 32);
+}

@@ -1,0 +1,183 @@
+// Prefill GEMM: Q8_0 weights x Q8_1 activations -> fp32, DP4A only (no tensor cores).
+//
+//   y[t][r] (+)= sum over 32-blocks b of  d_w[r][b] * d_x[t][b] * sum_{k in b} qs[r][k] * xq[t][k]
+//
+// Inputs (contracts: the shared device formats):
+//   qs  int8   [rows][K]     Q8_0 weight payload, row-major (K % 32 == 0, so rows are 16-byte aligned)
+//   dw  __half [rows][K/32]  one weight scale per 32-value block
+//   xq  int8   [T][K]        Q8_1 activations, token-major
+//   xd  float  [T][K/32]     one activation scale per 32-value block
+//   y   float  [T][rows]     token-major, split into segments exactly like the GEMV output
+//                            (gemv_q8.cu): matrices stacked row-wise at load (gate+up; GDN qkv, z,
+//                            b, a) have row ranges [0, end0), [end0, end1), [end1, end2), [end2, rows),
+//                            and segment [start, end) is its own [T][end - start] matrix at
+//                            y + T * start. A single matrix passes end0 = end1 = end2 = rows.
+//   residual float or null:  when given, y = residual + W.x with the output's layout (it may alias
+//                            y: each element is read and then written by the same thread)
+//
+// The tile. One CTA computes a 64-row x 64-token tile of y with 256 threads arranged as 16 row lanes
+// (tr = tid % 16) x 16 token lanes (tt = tid / 16). Thread (tr, tt) owns the 4 x 4 outputs
+// rows r0 + tr + 16*i and tokens t0 + tt + 16*j (i, j < 4). Strided ownership keeps the shared-memory
+// reads conflict-free: the 16 row lanes of a warp read 16 different weight rows whose 144-byte pitch
+// (128 payload bytes + 16 pad) walks the banks, while each warp reads only two activation rows
+// (broadcast). It also makes the output stores of a warp two runs of 16 consecutive floats.
+//
+// K is consumed in stages of BK = 128 values (4 Q8 blocks). Per stage the CTA copies the int8 weight
+// tile [64][128] and activation tile [64][128] into shared memory with 16-byte loads, and the block
+// scales as floats laid out [block][lane][i] so a thread fetches its 4 scales with one 16-byte load.
+// Inside a block each thread runs a 4 x 4 x 8 DP4A outer product into int32 (operands fetched as
+// 16-byte vectors: 8 LDS.128 feed 64 DP4A), then folds the block into fp32:
+// acc += float(int_sum) * (d_w * d_x). Volta has no cp.async, so there is no software pipelining:
+// two to three resident CTAs per SM overlap one CTA's loads with another's DP4A work.
+//
+// Tails are predicated in the same kernel: rows past `rows`, tokens past `T` and blocks past K/32 are
+// staged as zeros with zero scales (they add exactly 0) and their outputs are not stored. So any
+// T >= 1 and any rows >= 1 run at full speed per tile, and K only needs to be a multiple of 32.
+//
+// Grid: x = token tiles (ceil(T / 64), at most 8 for a 512-token chunk), y = row tiles
+// (ceil(rows / 64), 3880 for a 248320-row LM head, below the 65535 limit and independent of the
+// context length). Token tiles vary fastest so the CTAs that share a weight tile run together and
+// the weight tile is read from HBM about once.
+
+#include "common.cuh"
+
+#define GEMM_BR 64       // weight rows per CTA
+#define GEMM_BT 64       // tokens per CTA
+#define GEMM_BK 128      // K values per shared-memory stage (4 blocks of 32)
+#define GEMM_LANES 16    // row lanes = token lanes
+#define GEMM_PITCH 144   // bytes per staged row: 128 + 16 so 16-byte reads of 8 lanes hit distinct banks
+#define GEMM_THREADS 256
+
+struct GemmSmem {
+    signed char wq[GEMM_BR * GEMM_PITCH];
+    signed char xq[GEMM_BT * GEMM_PITCH];
+    float ws[GEMM_BK / 32][GEMM_LANES][4];  // [block][tr][i]: scale of row tr + 16*i
+    float xs[GEMM_BK / 32][GEMM_LANES][4];  // [block][tt][j]: scale of token tt + 16*j
+};
+
+// One stage (K values k0 .. k0+127) of a CTA's inputs, held in registers between the global loads
+// and the shared-memory stores so the next stage's loads are in flight while this one is computed.
+// Each of the 256 threads moves two 16-byte chunks of each 64-line int8 tile (8 chunks per line) and
+// one scale of each side (line tid / 4, block tid % 4).
+struct StageRegs {
+    int4 w[2];
+    int4 x[2];
+    float ws;
+    float xs;
+};
+
+__device__ __forceinline__ int4 load_chunk(const signed char* __restrict__ src, int line, int n_lines, int K,
+                                           int k) {
+    if (line < n_lines && k < K) return *reinterpret_cast<const int4*>(src + (size_t)line * K + k);
+    return make_int4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ void load_stage(StageRegs& st, const signed char* __restrict__ qs,
+                                           const __half* __restrict__ dw, const signed char* __restrict__ xq,
+                                           const float* __restrict__ xd, int r0, int rows, int t0, int T,
+                                           int K, int k0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int c = threadIdx.x + GEMM_THREADS * h;
+        const int line = c >> 3;
+        const int k = k0 + (c & 7) * 16;
+        st.w[h] = load_chunk(qs, r0 + line, rows, K, k);
+        st.x[h] = load_chunk(xq, t0 + line, T, K, k);
+    }
+    const int nblk = K / 32;
+    const int line = threadIdx.x >> 2;
+    const int b = k0 / 32 + (threadIdx.x & 3);
+    const int r = r0 + line;
+    const int t = t0 + line;
+    st.ws = (r < rows && b < nblk) ? __half2float(dw[(size_t)r * nblk + b]) : 0.0f;
+    st.xs = (t < T && b < nblk) ? xd[(size_t)t * nblk + b] : 0.0f;
+}
+
+__device__ __forceinline__ void store_stage(GemmSmem& sm, const StageRegs& st) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int c = threadIdx.x + GEMM_THREADS * h;
+        const int off = (c >> 3) * GEMM_PITCH + (c & 7) * 16;
+        *reinterpret_cast<int4*>(sm.wq + off) = st.w[h];
+        *reinterpret_cast<int4*>(sm.xq + off) = st.x[h];
+    }
+    const int line = threadIdx.x >> 2;
+    const int blk = threadIdx.x & 3;
+    sm.ws[blk][line % GEMM_LANES][line / GEMM_LANES] = st.ws;
+    sm.xs[blk][line % GEMM_LANES][line / GEMM_LANES] = st.xs;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
+gemm_q8_0_q8_1(const signed char* __restrict__ qs, const __half* __restrict__ dw,
+               const signed char* __restrict__ xq, const float* __restrict__ xd,
+               float* y, const float* residual, int rows, int K, int end0, int end1, int end2, int T) {
+    __shared__ __align__(16) GemmSmem sm;
+
+    const int tid = threadIdx.x;
+    const int tr = tid % GEMM_LANES;
+    const int tt = tid / GEMM_LANES;
+    const int t0 = blockIdx.x * GEMM_BT;
+    const int r0 = blockIdx.y * GEMM_BR;
+
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    StageRegs st;
+    load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, 0);
+    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
+        store_stage(sm, st);
+        __syncthreads();
+        if (k0 + GEMM_BK < K) load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
+
+#pragma unroll
+        for (int blk = 0; blk < GEMM_BK / 32; ++blk) {
+            int isum[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) isum[i][j] = 0;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int col = blk * 32 + half * 16;
+                int4 w[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    w[i] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * GEMM_PITCH + col);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int4 x = *reinterpret_cast<const int4*>(sm.xq + (tt + GEMM_LANES * j) * GEMM_PITCH + col);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) isum[i][j] = rigllm::dot_int8x16(w[i], x, isum[i][j]);
+                }
+            }
+            const float4 ws = *reinterpret_cast<const float4*>(sm.ws[blk][tr]);
+            const float4 xs = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
+            const float wv[4] = {ws.x, ws.y, ws.z, ws.w};
+            const float xv[4] = {xs.x, xs.y, xs.z, xs.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] += (float)isum[i][j] * (wv[i] * xv[j]);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = r0 + tr + GEMM_LANES * i;
+        if (r >= rows) continue;
+        const int seg = (r >= end0) + (r >= end1) + (r >= end2);
+        const int start = seg == 0 ? 0 : seg == 1 ? end0 : seg == 2 ? end1 : end2;
+        const int end = seg == 0 ? end0 : seg == 1 ? end1 : seg == 2 ? end2 : rows;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int t = t0 + tt + GEMM_LANES * j;
+            if (t >= T) continue;
+            const size_t o = (size_t)start * T + (size_t)t * (end - start) + (r - start);
+            y[o] = residual != nullptr ? residual[o] + acc[i][j] : acc[i][j];
+        }
+    }
+}

@@ -1,0 +1,144 @@
+// DP4A GEMV: Q8_0 weights x Q8_1 activations for T = 1..8 tokens (decode, speculative verify, prefill tails).
+//
+//     y[t][row] = sum_k W[row][k] * x[t][k]      (optionally y = residual + W x)
+//
+// Weights (structure of arrays, repacked at load): wq int8 [rows][K] row-major (16-byte aligned rows, K % 32 == 0)
+// and wd fp16 [rows][K/32], one scale per 32-value block, so W[row][k] = wq[row][k] * wd[row][k/32].
+// Activations (from quantize_q8_1): xq int8 [T][K], xd fp32 [T][K/32]. Accumulation and output are fp32.
+//
+// Work split: a warp owns R consecutive rows; each lane reads 16-byte slices (half a 32-block) of those rows at
+// stride 32 slices, so one warp-wide load is 512 contiguous bytes per row. U slices per lane are loaded before
+// any is used, keeping U * R independent 16-byte weight loads in flight per lane. Each weight word is loaded once
+// and multiplied with all T activation rows (from L1), so a T-token launch reads the weights once. A warp-shuffle
+// reduction ends each row; no shared memory, no __syncthreads. Warps stride over row groups (grid-stride), so any
+// grid size is correct; the launcher sizes the grid to one row group per warp.
+//
+// Several matrices sharing one input (ffn gate+up; the GDN in-projections qkv, z, b, a; attention q, k, v) are
+// stacked row-wise at load time and run as one launch. The output is then split by row ranges: rows
+// [0, end0), [end0, end1), [end1, end2), [end2, rows) form up to four segments, and segment s (rows
+// [start_s, end_s)) is written as its own [T][end_s - start_s] matrix at y + T * start_s. A single matrix passes
+// end0 = end1 = end2 = rows. For T = 1 this is just y[row].
+//
+// residual (nullable) is read with the output's own layout; it may alias y (in-place y += W x).
+#include "common.cuh"
+
+template <int T, int R, int U>
+__device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq, const __half* __restrict__ wd,
+                                             const signed char* __restrict__ xq, const float* __restrict__ xd,
+                                             float* y, const float* residual, int rows, int K, int end0, int end1,
+                                             int end2) {
+    const int lane = threadIdx.x & 31;
+    const int warps_per_block = blockDim.x >> 5;
+    const int n_slices = K >> 4;  // 16-byte slices per row
+    const int n_blocks = K >> 5;  // 32-value quantization blocks per row
+    const long long group_stride = (long long)gridDim.x * warps_per_block;
+
+    for (long long group = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); group * R < rows;
+         group += group_stride) {
+        const int row0 = (int)(group * R);
+        // Per-lane cursors: slice s of a row is int4 number s, its scale is fp16 number s / 2. Loads below use
+        // compile-time offsets from these (32 * u slices, 16 * u scales), which costs no extra registers.
+        const int4* wp[R];
+        const unsigned short* dp[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = min(row0 + r, rows - 1);  // rows past the end repeat the last one and are not stored
+            wp[r] = reinterpret_cast<const int4*>(wq + (size_t)row * K) + lane;
+            dp[r] = reinterpret_cast<const unsigned short*>(wd + (size_t)row * n_blocks) + (lane >> 1);
+        }
+        const int4* xp = reinterpret_cast<const int4*>(xq) + lane;
+        const float* xdp = xd + (lane >> 1);
+
+        float acc[R][T];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
+
+        for (int s0 = lane; s0 < n_slices; s0 += 32 * U) {
+            int4 w[U][R];
+            unsigned short dh[U][R];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (s0 + 32 * u < n_slices) {
+                        w[u][r] = __ldcs(wp[r] + 32 * u);
+                        dh[u][r] = __ldcs(dp[r] + 16 * u);
+                    } else {
+                        w[u][r] = make_int4(0, 0, 0, 0);
+                        dh[u][r] = 0;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (s0 + 32 * u < n_slices) {
+#pragma unroll
+                    for (int t = 0; t < T; ++t) {
+                        const int4 xv = __ldg(xp + t * n_slices + 32 * u);
+                        const float dx = __ldg(xdp + t * n_blocks + 16 * u);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            const int dot = rigllm::dot_int8x16(w[u][r], xv, 0);
+                            const float dw = __half2float(__ushort_as_half(dh[u][r]));
+                            acc[r][t] = fmaf((float)dot, dw * dx, acc[r][t]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                wp[r] += 32 * U;
+                dp[r] += 16 * U;
+            }
+            xp += 32 * U;
+            xdp += 16 * U;
+        }
+
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < T; ++t) acc[r][t] = rigllm::warp_sum(acc[r][t]);
+
+        // Lane r * T + t stores (row0 + r, token t): R * T <= 32 outputs leave the warp in one instruction.
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int row = row0 + r;
+            const int seg = (row >= end0) + (row >= end1) + (row >= end2);
+            const int start = seg == 0 ? 0 : seg == 1 ? end0 : seg == 2 ? end1 : end2;
+            const int end = seg == 0 ? end0 : seg == 1 ? end1 : seg == 2 ? end2 : rows;
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+                if (lane == r * T + t && row < rows) {
+                    const size_t o = (size_t)start * T + (size_t)t * (end - start) + (row - start);
+                    y[o] = residual ? residual[o] + acc[r][t] : acc[r][t];
+                }
+            }
+        }
+    }
+}
+
+// One entry point per token count T. R rows per warp and U slices in flight per lane are tuned per T: more
+// tokens need more accumulators (R * T) and more activation loads per weight load, so U shrinks and, at T >= 5,
+// R grows to reuse each activation word across 4 rows. MIN_BLOCKS caps registers (65536 / (128 * MIN_BLOCKS)) so
+// enough warps stay resident to keep HBM busy; each choice is the largest that ptxas 12.9 fits without spilling
+// on sm_70 (T = 1 at 8 blocks spilled 8 bytes, so it runs 7: 72 registers, 28 warps per SM, U * R = 8 loads of
+// 16 bytes in flight per lane). engine/cuda/gemv.py mirrors (T, R) to size grids; a unit test
+// checks the two agree. Block size is 128 threads (4 warps).
+#define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS)                                                                       \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) gemv_q8_t##T(                                   \
+        const signed char* __restrict__ wq, const __half* __restrict__ wd, const signed char* __restrict__ xq,    \
+        const float* __restrict__ xd, float* y, const float* residual, int rows, int K, int end0, int end1,        \
+        int end2) {                                                                                               \
+        gemv_q8_body<T, R, U>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2);                            \
+    }
+
+RIGLLM_GEMV_Q8(1, 2, 4, 7)
+RIGLLM_GEMV_Q8(2, 2, 2, 8)
+RIGLLM_GEMV_Q8(3, 2, 2, 8)
+RIGLLM_GEMV_Q8(4, 2, 2, 8)
+RIGLLM_GEMV_Q8(5, 4, 1, 4)
+RIGLLM_GEMV_Q8(6, 4, 1, 4)
+RIGLLM_GEMV_Q8(7, 4, 1, 4)
+RIGLLM_GEMV_Q8(8, 4, 1, 4)

@@ -1,0 +1,60 @@
+// Microbenchmark kernels (engine/cuda/microbench.py, `rigllm bench`): the DP4A peak probe and random Q8_0 weights
+// made on the device, so speed runs need neither a model file nor gigabytes over PCIe.
+#include "common.cuh"
+
+// DP4A throughput: CHAINS independent accumulator chains per thread, `iters` rounds. Inputs come from the thread
+// index so nothing folds at compile time; the result is stored only if it equals `never` (a value the caller
+// knows cannot occur), which keeps the work alive without a store per thread.
+// Work: gridDim.x * blockDim.x * iters * CHAINS DP4A instructions, 4 int8 MACs (8 ops) each.
+#define RIGLLM_DP4A_CHAINS 8
+
+extern "C" __global__ void __launch_bounds__(256) dp4a_peak(int* __restrict__ out, int iters, int never) {
+    const int seed = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    const int b = seed ^ 0x5a5a5a5a;
+    int acc[RIGLLM_DP4A_CHAINS];
+#pragma unroll
+    for (int c = 0; c < RIGLLM_DP4A_CHAINS; ++c) acc[c] = seed + c;
+    for (int i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int c = 0; c < RIGLLM_DP4A_CHAINS; ++c) acc[c] = __dp4a(acc[c], b, acc[c]);  // one DP4A per step, no other ALU op
+    }
+    int total = 0;
+#pragma unroll
+    for (int c = 0; c < RIGLLM_DP4A_CHAINS; ++c) total += acc[c];
+    if (total == never) out[0] = total;
+}
+
+// A stateless 32-bit hash (lowbias32): the same (seed, index) always gives the same value on any device.
+__device__ __forceinline__ unsigned hash_u32(unsigned x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+// Random Q8_0 weights in the device layout: wq int8 uniform in [-127, 127], wd fp16 uniform in
+// [scale_lo, scale_lo * 2). n_values = rows * K; grid-stride over 4-byte words of wq and over the scales.
+extern "C" __global__ void __launch_bounds__(256) fill_random_q8_0(signed char* __restrict__ wq,
+                                                                   __half* __restrict__ wd, long long n_values,
+                                                                   unsigned seed, float scale_lo) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long n_words = n_values >> 2;
+    for (long long i = first; i < n_words; i += stride) {
+        const unsigned h = hash_u32((unsigned)i ^ hash_u32(seed ^ (unsigned)(i >> 32)));
+        unsigned word = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const int v = (int)((h >> (8 * b)) & 0xffu) % 255 - 127;
+            word |= (unsigned)(v & 0xff) << (8 * b);
+        }
+        reinterpret_cast<unsigned*>(wq)[i] = word;
+    }
+    const long long n_scales = n_values >> 5;
+    for (long long i = first; i < n_scales; i += stride) {
+        const unsigned h = hash_u32((unsigned)i ^ hash_u32(~seed ^ (unsigned)(i >> 32)));
+        wd[i] = __float2half_rn(scale_lo * (1.0f + (float)(h >> 8) * (1.0f / 16777216.0f)));
+    }
+}

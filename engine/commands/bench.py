@@ -1,0 +1,76 @@
+"""`rigllm bench [MODEL] --synthetic 9b|27b`: speed of one card as JSON (+ a short table), see engine.cuda.bench."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="measure prefill and decode speed on a GPU (JSON output)")
+    p.add_argument("model", nargs="?", help="a qwen35 GGUF (omit with --synthetic)")
+    p.add_argument("--synthetic", choices=("0.8b", "9b", "27b"), help="random Q8_0 weights of this shape, made on the GPU")
+    p.add_argument("--prompts", default="512,2048,4096,8192,18432", help="prefill lengths, comma-separated")
+    p.add_argument("--depths", default="512,4096,18432", help="decode context depths, comma-separated")
+    p.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens per GEMM)")
+    p.add_argument("--json", dest="json_out", help="write the results here (default: stdout only)")
+    p.set_defaults(func=run)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.cuda.bench import render_table, run_bench
+    from engine.cuda.driver import CudaCard, gpu_unavailable_reason
+    from engine.errors import RigllmError
+
+    reason = gpu_unavailable_reason()
+    if reason:
+        raise RigllmError(f"rigllm bench needs a GPU: {reason}")
+    if (args.model is None) == (args.synthetic is None):
+        raise RigllmError("give either a MODEL file or --synthetic SHAPE")
+    prompts = tuple(int(x) for x in args.prompts.split(","))
+    depths = tuple(int(x) for x in args.depths.split(","))
+    card = CudaCard(0)
+    try:
+        if args.synthetic:
+            from engine.cuda.synthetic_weights import random_model_weights
+            from engine.gguf.shapes import shape_config
+
+            cfg, shape = shape_config(args.synthetic), args.synthetic
+            weights = random_model_weights(card, cfg)
+        else:
+            from engine.cuda.weights import upload_weights
+            from engine.gguf.loader import load_model
+
+            loaded = load_model(args.model)
+            cfg, shape = loaded.config, Path(args.model).name
+            weights = upload_weights(card, loaded.file, cfg)
+        result = run_bench(card, cfg, weights, shape, prompts, depths, chunk=args.chunk)
+    finally:
+        card.close()
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": result["microbench"]["device"],
+        "commit": os.environ.get("RIGLLM_COMMIT") or _commit(),
+        "command": "rigllm " + " ".join(sys.argv[1:]),
+        **result,
+    }
+    text = json.dumps(result, indent=1, default=str)
+    if args.json_out:
+        Path(args.json_out).write_text(text)
+    else:
+        print(text)
+    print(render_table(result), file=sys.stderr)
+    return 0

@@ -1,0 +1,163 @@
+"""`rigllm bench`: prefill and decode speed of one model on one card, as fractions of measured ceilings.
+
+Everything is measured in one run on the same card: the ceilings (device copy, DP4A peak, the GEMV's
+read bandwidth on the LM head, the largest matrix — the read ceiling contracts.md asks decode to be
+compared with), then prefill at several prompt lengths (real chunked prefill, timed with CUDA events
+around the whole chunk loop, Python launch cost included), then decode at several depths (the
+captured decode graph replayed token by token, each step writing 12 bytes and reading back the 4-byte
+token id, exactly as generation does; the KV cache is filled to the depth without prefilling it,
+because its values do not change the speed).
+
+CMP 100-210 projections (anchor-qengine.md §6): decode = the fraction of the H200 read ceiling
+reached, applied to the CMP's 818 GB/s measured read bandwidth, over the same bytes per token;
+prefill = the H200 time scaled by the ratio of DP4A peaks (measured here / 17.2 TOPS), i.e. assuming
+the prefill is compute-bound on DP4A and fp32 FMA alike (their H200/CMP ratios are 7.7 and ~6.8).
+These are projections, not measurements, and are labelled so in the output.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from engine.cuda.backend import DecodeGraph
+from engine.cuda.driver import CudaCard
+from engine.cuda.forward import ForwardPass
+from engine.cuda.gemm import gemm_q8
+from engine.cuda.gemv import alloc_q8_activations
+from engine.cuda.microbench import time_graph_ms, run_microbench
+from engine.cuda.sampling import GpuSampler
+from engine.cuda.sequence import DeviceSequence
+from engine.cuda.synthetic_weights import random_q8_weight
+from engine.cuda.weights import ModelWeights
+from engine.gguf.config import ModelConfig
+
+CMP_READ_GBPS = 818.0
+CMP_DP4A_TOPS = 17.2
+QENGINE = {  # anchor-qengine.md §0, measured by qengine on CMP 100-210 cards
+    "9b": {"decode_tps_plain": 60.0, "decode_tps_mtp": 70.4, "prefill_tps": {297: 594, 1160: 683, 4620: 584, 18400: 393}},
+    "27b": {"decode_tps_plain_3cards": 22.0, "decode_tps_mtp_3cards": 27.1, "prefill_tps_3cards": {297: 212, 1160: 264, 4620: 268, 18400: 203}},
+}
+
+
+def q8_bytes(rows: int, k: int) -> int:
+    return rows * k + 2 * rows * (k // 32)
+
+
+def decode_bytes(cfg: ModelConfig, depth: int) -> int:
+    """Bytes one decode token reads: every trunk weight but the embedding table (one row), the LM head,
+    the GDN state (read and written), and the fp16 KV cache up to `depth`."""
+    c = cfg
+    per_gdn = q8_bytes(c.ssm_conv_dim + c.ssm_d_inner + 2 * c.ssm_n_v_heads, c.d_model) + q8_bytes(c.d_model, c.ssm_d_inner)
+    per_gdn += 2 * 4 * (c.ssm_n_v_heads * c.ssm_d_state * c.ssm_d_head_v + (c.ssm_conv_kernel - 1) * c.ssm_conv_dim)
+    per_attn = q8_bytes(2 * c.q_dim + 2 * c.kv_dim, c.d_model) + q8_bytes(c.d_model, c.q_dim)
+    per_attn += 2 * c.n_head_kv * depth * c.head_dim * 2
+    ffn = q8_bytes(2 * c.d_ff, c.d_model) + q8_bytes(c.d_model, c.d_ff)
+    return (len(c.gdn_layers) * per_gdn + len(c.attention_layers) * per_attn + c.n_layers * ffn
+            + q8_bytes(c.vocab_size, c.d_model) + q8_bytes(1, c.d_model))
+
+
+def prefill_speed(fwd: ForwardPass, seq: DeviceSequence, n_tokens: int, chunk: int) -> float:
+    """Tokens per second of a fresh prefill of n_tokens random ids, in chunks."""
+    ids = np.random.default_rng(n_tokens).integers(0, fwd.cfg.vocab_size, n_tokens).astype(np.int32)
+    seq.reset()
+    card = fwd.card
+    card.synchronize()
+    start, end = card.event(), card.event()
+    start.record()
+    for pos in range(0, n_tokens, chunk):
+        part = ids[pos : pos + chunk]
+        fwd.set_batch(part, pos)
+        seq.next_position = pos
+        fwd.run(len(part), seq)
+    end.record()
+    end.synchronize()
+    return n_tokens / (end.elapsed_ms(start) * 1e-3)
+
+
+def decode_speed(decoder: DecodeGraph, depth: int, steps: int) -> float:
+    """Tokens per second of `steps` graph-replayed greedy steps starting at `depth`."""
+    decoder.step(1, depth)  # warm
+    t0 = time.perf_counter()
+    token = 1
+    for i in range(steps):
+        token = max(decoder.step(token, depth + 1 + i), 0)
+    return steps / (time.perf_counter() - t0)
+
+
+def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int) -> dict[str, float]:
+    """DP4A TOPS of the prefill GEMM on the FFN gate+up shape (the largest prefill matmul)."""
+    rows, k = 2 * cfg.d_ff, cfg.d_model
+    w = random_q8_weight(card, (cfg.d_ff, cfg.d_ff), k, 77, "bench.gemm.w")
+    x = alloc_q8_activations(card, k, n_tokens, "bench.gemm.x")
+    x.xq.fill_zero()
+    x.xd.fill_zero()
+    y = card.alloc(4 * rows * n_tokens, "bench.gemm.y")
+    try:
+        ms = time_graph_ms(card, 10, lambda _: gemm_q8(card, w, x, y, n_tokens))
+    finally:
+        for buf in (w.qs, w.d, x.xq, x.xd, y):
+            buf.free()
+    return {"rows": rows, "k": k, "tokens": n_tokens, "us": ms * 1e3, "tops": 2 * rows * k * n_tokens / (ms * 1e-3) / 1e12}
+
+
+def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: str, prompts: tuple[int, ...],
+              depths: tuple[int, ...], chunk: int = 256, decode_steps: int = 64) -> dict[str, Any]:
+    """All measurements for one model; see the module docstring for the method."""
+    micro = run_microbench(card, shape if shape in ("0.8b", "9b", "27b") else "9b")
+    read_ceiling = max(g["gb_per_s"] for g in micro["gemv"])
+    gemm = gemm_tops(card, cfg, chunk)
+    capacity = max(max(prompts), max(depths) + decode_steps + 2) + 8
+    fwd = ForwardPass(card, cfg, weights, chunk)
+    seq = DeviceSequence(card, cfg, capacity, label="bench")
+    prefill = {n: prefill_speed(fwd, seq, n, chunk) for n in prompts}
+    decoder = DecodeGraph(fwd, GpuSampler(card, cfg.vocab_size), seq)
+    decode = {}
+    for depth in depths:
+        tps = decode_speed(decoder, depth, decode_steps)
+        nbytes = decode_bytes(cfg, depth)
+        gbps = nbytes * tps / 1e9
+        decode[depth] = {
+            "tokens_per_s": tps, "bytes_per_token": nbytes, "gb_per_s": gbps,
+            "fraction_of_read_ceiling": gbps / read_ceiling, "fraction_of_copy": gbps / micro["copy_gb_per_s"],
+            "projected_cmp_tokens_per_s": CMP_READ_GBPS * 1e9 * (gbps / read_ceiling) / nbytes,
+        }
+    dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
+    speedup = None
+    if 4096 in prefill:
+        speedup = prefill[4096] / max(d["tokens_per_s"] for d in decode.values())
+    return {
+        "shape": shape,
+        "chunk": chunk,
+        "ceilings": {"copy_gb_per_s": micro["copy_gb_per_s"], "read_gb_per_s": read_ceiling, "dp4a_tops": micro["dp4a_tops"]},
+        "gemm": {**gemm, "fraction_of_dp4a_peak": gemm["tops"] / micro["dp4a_tops"]},
+        "prefill_tokens_per_s": prefill,
+        "projected_cmp_prefill_tokens_per_s": {n: tps / dp4a_ratio for n, tps in prefill.items()},
+        "decode": decode,
+        "prefill_4k_vs_fastest_decode": speedup,
+        "qengine_cmp": QENGINE.get(shape),
+        "microbench": micro,
+    }
+
+
+def render_table(r: dict[str, Any]) -> str:
+    """The short human table printed after the JSON is written."""
+    c = r["ceilings"]
+    lines = [
+        f"shape {r['shape']}: ceilings copy {c['copy_gb_per_s']:.0f} GB/s, GEMV read {c['read_gb_per_s']:.0f} GB/s, "
+        f"DP4A {c['dp4a_tops']:.1f} TOPS",
+        f"prefill GEMM at {r['gemm']['tokens']} tokens: {r['gemm']['tops']:.1f} TOPS = "
+        f"{100 * r['gemm']['fraction_of_dp4a_peak']:.0f}% of DP4A peak",
+        "prompt   prefill t/s   projected CMP t/s",
+    ]
+    for n, tps in r["prefill_tokens_per_s"].items():
+        lines.append(f"{n:>6}   {tps:>11.0f}   {r['projected_cmp_prefill_tokens_per_s'][n]:>17.0f}")
+    lines.append("depth    decode t/s   GB/s   % read ceiling   projected CMP t/s")
+    for depth, d in r["decode"].items():
+        lines.append(f"{depth:>6}   {d['tokens_per_s']:>10.1f}   {d['gb_per_s']:>4.0f}   "
+                     f"{100 * d['fraction_of_read_ceiling']:>14.0f}   {d['projected_cmp_tokens_per_s']:>17.1f}")
+    if r["prefill_4k_vs_fastest_decode"] is not None:
+        lines.append(f"4K prefill is {r['prefill_4k_vs_fastest_decode']:.1f}x faster than decoding the same tokens")
+    return "\n".join(lines)

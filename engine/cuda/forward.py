@@ -1,0 +1,200 @@
+"""The model's forward pass on one card: the kernel sequence for a batch of T tokens (spec §6).
+
+Every buffer is allocated once, here, for at most `max_tokens` tokens per batch (the prefill chunk);
+per-step values (position, token count) live in the `step` device buffer and the token ids in `ids`,
+so the decode sequence (T = 1) can be captured as a CUDA graph and replayed with new values written
+into those two buffers. Activations: the residual stream `h` is fp32; every matmul input is Q8_1
+(quantized by the norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is
+fp16; GDN state fp32 (architecture.md "Precision contract").
+
+Matmuls: T <= 8 runs the DP4A GEMV (weights read once for all tokens), larger T the DP4A GEMM tile.
+Stacked weights write segment i as its own [T][rows_i] matrix (engine.cuda.gemv), which is why the
+kernels below receive each segment's pointer and row stride separately.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.embedding import embed_q8_0
+from engine.cuda.gemm import gemm_q8
+from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8
+from engine.cuda.sequence import DeviceSequence
+from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
+from engine.gguf.config import ModelConfig
+from engine.reference.rope import Rope
+
+F32 = 4
+NORM_THREADS_DECODE, NORM_THREADS_BATCH = 1024, 256
+GDN_CONV_THREADS, GDN_CONV_TILE = 256, 16  # gdn.cu: GDN_CONV_TILE
+GDN_RECURRENT_THREADS, GDN_RECURRENT_COLS = 256, 16  # gdn.cu
+GDN_CHUNK_THREADS, GDN_CHUNK_COLS = 256, 32  # gdn.cu
+GDN_CHUNK, GDN_MAX_DK = 64, 128
+ATTN_DECODE_THREADS, ATTN_PREFILL_THREADS, ATTN_PREFILL_ROWS = 128, 256, 64  # attention.cu
+SWIGLU_THREADS = 256
+MAX_PREFILL_SPLITS = 8
+
+
+def gdn_chunk_smem_bytes() -> int:
+    """GDN_CHUNK_SMEM_FLOATS of gdn.cu, in bytes."""
+    ldk, ldm, ldu = GDN_MAX_DK + 1, GDN_CHUNK + 1, GDN_CHUNK_COLS + 4
+    return 4 * (2 * GDN_CHUNK * ldk + GDN_CHUNK * ldm + GDN_CHUNK * ldu + 3 * GDN_CHUNK)
+
+
+class ForwardPass:
+    """Buffers and launches of one model on one card (see the module docstring)."""
+
+    def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, max_tokens: int):
+        self.card, self.cfg, self.w, self.max_tokens = card, cfg, weights, max_tokens
+        c = cfg
+        self.ids = card.alloc(4 * max_tokens, "ids")
+        self.step = card.alloc(4 * 2, "step")
+        self.h = card.alloc(F32 * max_tokens * c.d_model, "h")
+        rows = [2 * c.d_ff]
+        if c.gdn_layers:
+            rows.append(c.ssm_conv_dim + c.ssm_d_inner + 2 * c.ssm_n_v_heads)
+        if c.attention_layers:
+            rows.append(2 * c.q_dim + 2 * c.kv_dim)
+        self.proj = card.alloc(F32 * max_tokens * max(rows), "proj")
+        self.q8: dict[int, Q8Activations] = {}
+        for width in {c.d_model, c.d_ff, c.ssm_d_inner, c.q_dim}:
+            self.q8[width] = alloc_q8_activations(card, width, max_tokens, f"x{width}")
+        self.logits = card.alloc(F32 * c.vocab_size, "logits")
+        if c.gdn_layers:
+            self.conv_out = card.alloc(F32 * max_tokens * c.ssm_conv_dim, "gdn.conv_out")
+            self.gdn_y = card.alloc(F32 * max_tokens * c.ssm_d_inner, "gdn.y")
+            self.head_done = card.alloc(4 * c.ssm_n_v_heads, "gdn.head_done")
+            self.head_done.fill_zero()
+            card.kernel("gdn_chunk_prefill").set_max_dynamic_shared(gdn_chunk_smem_bytes())
+        if c.attention_layers:
+            self.inv_freq = card.upload(Rope(cfg).inv_freq.astype(np.float32), "rope.inv_freq")
+            self.q_out = card.alloc(F32 * max_tokens * c.q_dim, "attn.q")
+            self.decode_splits = max(1, -(-3 * card.sm_count // c.n_head_kv))
+            part_rows = max(self.decode_splits, MAX_PREFILL_SPLITS * max_tokens) * c.n_head
+            self.part_m = card.alloc(F32 * part_rows, "attn.part_m")
+            self.part_l = card.alloc(F32 * part_rows, "attn.part_l")
+            self.part_o = card.alloc(F32 * part_rows * c.head_dim, "attn.part_o")
+
+    # ---- helpers ---------------------------------------------------------------------------------
+    def _matmul(self, w: Q8Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
+        if n <= MAX_GEMV_TOKENS:
+            gemv_q8(self.card, w, x, y, n, residual=residual)
+        else:
+            gemm_q8(self.card, w, x, y, n, residual=residual)
+
+    def _segment(self, w: Q8Weight, index: int, n: int) -> DeviceBuffer:
+        return w.segment_view(self.proj, index, n)
+
+    def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int) -> None:
+        d = self.cfg.d_model
+        threads = NORM_THREADS_DECODE if n == 1 else NORM_THREADS_BATCH
+        self.card.kernel("rmsnorm_q8_1").launch(
+            n, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), None, out.xq, out.xd, np.int32(d)
+        )
+
+    # ---- the pass --------------------------------------------------------------------------------
+    def set_batch(self, token_ids: np.ndarray, pos: int) -> None:
+        """Write the batch's ids and position into the device buffers the kernels read."""
+        n = len(token_ids)
+        if not 1 <= n <= self.max_tokens:
+            raise ValueError(f"a batch holds 1..{self.max_tokens} tokens, not {n}")
+        self.ids.view(0, 4 * n).upload(np.asarray(token_ids, dtype=np.int32))
+        self.step.upload(np.array([pos, n], dtype=np.int32))
+
+    def run(self, n: int, seq: DeviceSequence) -> None:
+        """Launch the whole pass for the n tokens in `ids` at `step`; logits of the last token → `logits`."""
+        cfg = self.cfg
+        embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
+        for i, layer in enumerate(self.w.layers):
+            self._layer(i, layer, n, seq)
+        x = self.q8[cfg.d_model]
+        last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
+        self._norm(last, self.w.output_norm, x, 1)
+        gemv_q8(self.card, self.w.lm_head, x, self.logits, 1)
+
+    def _layer(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
+        x = self.q8[self.cfg.d_model]
+        self._norm(self.h, layer.mixer.attn_norm, x, n)
+        if isinstance(layer.mixer, GdnWeights):
+            self._gdn(i, layer.mixer, x, n, seq)
+        else:
+            self._attention(i, layer.mixer, x, n, seq)
+        f = layer.ffn
+        self._norm(self.h, f.post_attention_norm, x, n)
+        self._matmul(f.gate_up, x, self.proj, n)
+        xf = self.q8[self.cfg.d_ff]
+        warps = n * self.cfg.d_ff // 32
+        self.card.kernel("swiglu_q8_1").launch(
+            -(-warps * 32 // SWIGLU_THREADS), SWIGLU_THREADS,
+            self._segment(f.gate_up, 0, n), self._segment(f.gate_up, 1, n), np.int32(self.cfg.d_ff),
+            np.int32(self.cfg.d_ff), np.int32(n), None, xf.xq, xf.xd,
+        )
+        self._matmul(f.down, xf, self.h, n, residual=self.h)
+
+    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, seq: DeviceSequence) -> None:
+        c, card, state = self.cfg, self.card, seq.gdn[i]
+        self._matmul(w.in_proj, x, self.proj, n)
+        mix, z, b, alpha = (self._segment(w.in_proj, s, n) for s in range(4))
+        card.kernel("gdn_conv_silu").launch(
+            (-(-c.ssm_conv_dim // GDN_CONV_THREADS), -(-n // GDN_CONV_TILE)), GDN_CONV_THREADS,
+            mix, np.int64(c.ssm_conv_dim), w.conv_w, state.conv, self.conv_out, np.int32(c.ssm_conv_dim), np.int32(n),
+        )
+        y = self.q8[c.ssm_d_inner]
+        hv, dv, dk, hk = c.ssm_n_v_heads, c.ssm_d_head_v, c.ssm_d_state, c.ssm_n_k_heads
+        if n == 1:
+            card.kernel("gdn_recurrent").launch(
+                (hv, -(-dv // GDN_RECURRENT_COLS)), GDN_RECURRENT_THREADS,
+                self.conv_out, z, np.int64(c.ssm_d_inner), b, np.int64(hv), alpha, np.int64(hv),
+                w.ssm_a, w.dt_bias, w.ssm_norm, state.recurrent, self.gdn_y, y.xq, y.xd, self.head_done,
+                np.int32(n), np.int32(hk), np.int32(hv), np.int32(dk), np.int32(dv), np.float32(c.rms_eps),
+            )
+        else:
+            card.kernel("gdn_chunk_prefill").launch(
+                (hv, -(-dv // GDN_CHUNK_COLS)), GDN_CHUNK_THREADS,
+                self.conv_out, b, np.int64(hv), alpha, np.int64(hv), w.ssm_a, w.dt_bias, state.recurrent,
+                self.gdn_y, np.int64(c.ssm_d_inner), np.int32(n), np.int32(hk), np.int32(hv), np.int32(dk), np.int32(dv),
+                shared=gdn_chunk_smem_bytes(),
+            )
+            card.kernel("gdn_gated_norm").launch(
+                n * hv, -(-dv // 32) * 32,
+                self.gdn_y, np.int64(c.ssm_d_inner), z, np.int64(c.ssm_d_inner), w.ssm_norm, self.gdn_y,
+                np.int64(c.ssm_d_inner), y.xq, y.xd, np.int32(hv), np.int32(dv), np.float32(c.rms_eps),
+            )
+        self._matmul(w.out_proj, y, self.h, n, residual=self.h)
+
+    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seq: DeviceSequence) -> None:
+        c, card, cache = self.cfg, self.card, seq.kv[i]
+        self._matmul(w.qkv, x, self.proj, n)
+        qg, k, v = (self._segment(w.qkv, s, n) for s in range(3))
+        sections = c.rope_sections
+        card.kernel("attn_prep").launch(
+            n * (c.n_head + c.n_head_kv), c.head_dim,
+            qg, np.int32(2 * c.q_dim), k, np.int32(c.kv_dim), v, np.int32(c.kv_dim),
+            w.q_norm, w.k_norm, self.inv_freq, None, self.step, self.q_out, cache.k, cache.v,
+            np.int32(c.n_head), np.int32(c.n_head_kv), np.int32(c.rope_dims), np.int32(sections[1]),
+            np.int32(sections[2]), np.int32(seq.capacity), np.float32(c.rms_eps),
+        )
+        group = c.n_head // c.n_head_kv
+        scale = np.float32(1.0 / np.sqrt(c.head_dim))
+        parts = (self.part_m, self.part_l, self.part_o)
+        if n == 1:
+            splits = self.decode_splits
+            card.kernel(f"attn_decode_d{c.head_dim}_g{group}").launch(
+                c.n_head_kv * splits, ATTN_DECODE_THREADS, self.q_out, cache.k, cache.v, self.step, *parts,
+                np.int32(seq.capacity), np.int32(splits), scale,
+            )
+        else:
+            q_tiles = -(-n * group // ATTN_PREFILL_ROWS)
+            kv_len = seq.next_position + n
+            splits = max(1, min(MAX_PREFILL_SPLITS, -(-2 * card.sm_count // (q_tiles * c.n_head_kv)), -(-kv_len // 256)))
+            card.kernel(f"attn_prefill_d{c.head_dim}").launch(
+                q_tiles * c.n_head_kv * splits, ATTN_PREFILL_THREADS, self.q_out, cache.k, cache.v, self.step, *parts,
+                np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv), np.int32(seq.capacity), np.int32(splits), scale,
+            )
+        xo = self.q8[c.q_dim]
+        card.kernel("attn_merge_gate").launch(
+            n * c.n_head, c.head_dim, *parts, np.int32(splits), qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),
+            np.int32(2 * c.q_dim), np.int32(2 * c.head_dim), np.int32(c.n_head), None, xo.xq, xo.xd,
+        )
+        self._matmul(w.out_proj, xo, self.h, n, residual=self.h)

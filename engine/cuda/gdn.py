@@ -1,0 +1,295 @@
+"""Host side of the Gated DeltaNet kernels (`cuda_src/gdn.cu`): launch geometry, argument order, checks.
+
+Per GDN layer and batch of T tokens a runner calls `gdn_mixer` (or its parts): the causal conv + SiLU,
+which also advances the conv state; then either the recurrent kernel (decode, short verify batches: the
+state stays in registers across the tokens) or the chunked form followed by the gated RMSNorm (prompt
+chunks). The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV. All state is fp32 on
+the device: conv [Kc-1][Cc] (oldest first) and recurrent [Hv][dk][dv] per sequence and layer.
+
+The four in-projection outputs can sit anywhere (a stacked GEMV output, an fp32 alpha/beta kernel's
+buffer): each is a `Rows` view with its own row stride.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.cuda.gemv import Q8Activations
+from engine.cuda.q8_layout import QK
+from engine.gguf.config import ModelConfig
+
+# Mirrors of the #defines in gdn.cu (a unit test checks them against the source).
+CONV_K = 4  # GDN_CONV_K
+CONV_TILE = 16  # GDN_CONV_TILE: tokens per conv thread
+MAX_DK = 128  # GDN_MAX_DK
+RECURRENT_THREADS = 256  # GDN_RECURRENT_THREADS
+RECURRENT_COLS = 16  # GDN_RECURRENT_COLS: value columns per recurrent block
+CHUNK_THREADS = 256  # GDN_CHUNK_THREADS
+CHUNK_COLS = 32  # GDN_CHUNK_COLS: value columns per chunked-form block
+CHUNK_SMEM_BYTES = 4 * 23168  # 4 * GDN_CHUNK_SMEM_FLOATS: above 48 KiB, so the launch opts in
+
+CONV_THREADS = 128  # these two kernels work with any multiple of 32
+NORM_THREADS = 128
+F32 = 4
+_MAX_GRID_YZ = 65535
+
+# Batches up to this many tokens take the recurrent kernel, longer ones the chunked form. A first guess
+# (the chunked form's fixed cost per 64-token chunk is about that of 8-16 recurrent tokens), to be
+# replaced by the GPU benchmark's crossover.
+RECURRENT_MAX_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class GdnDims:
+    """Head counts and dims of a GDN layer (spec notation), checked against what the kernels support."""
+
+    n_k_heads: int  # Hk
+    n_v_heads: int  # Hv
+    d_k: int  # dk
+    d_v: int  # dv
+
+    def __post_init__(self) -> None:
+        if min(self.n_k_heads, self.n_v_heads, self.d_k, self.d_v) < 1 or self.n_v_heads % self.n_k_heads:
+            raise ValueError(f"GDN heads Hk={self.n_k_heads}, Hv={self.n_v_heads}: Hv must be a multiple of Hk")
+        if self.d_k > MAX_DK:
+            raise ValueError(f"GDN key head dim {self.d_k} > {MAX_DK}, the most the delta-rule kernels hold")
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> "GdnDims":
+        if cfg.ssm_conv_kernel != CONV_K:
+            raise ValueError(f"GDN conv width {cfg.ssm_conv_kernel}: the conv kernel is built for {CONV_K}")
+        return cls(cfg.ssm_n_k_heads, cfg.ssm_n_v_heads, cfg.ssm_d_state, cfg.ssm_d_head_v)
+
+    @property
+    def ck(self) -> int:
+        return self.n_k_heads * self.d_k
+
+    @property
+    def cv(self) -> int:
+        return self.n_v_heads * self.d_v
+
+    @property
+    def cc(self) -> int:
+        return 2 * self.ck + self.cv
+
+    @property
+    def conv_state_floats(self) -> int:
+        return (CONV_K - 1) * self.cc
+
+    @property
+    def recurrent_state_floats(self) -> int:
+        return self.n_v_heads * self.d_k * self.d_v
+
+
+@dataclass(frozen=True)
+class GdnLayerWeights:
+    """The small fp32 constants of one GDN layer on the device (the matmul weights live with the GEMVs)."""
+
+    conv_w: DeviceBuffer  # [Cc][Kc]
+    ssm_a: DeviceBuffer  # [Hv], already -exp(A_log)
+    dt_bias: DeviceBuffer  # [Hv]
+    norm_w: DeviceBuffer  # [dv]
+    eps: float  # rms_eps of the gated norm
+
+
+def upload_gdn_weights(
+    card: CudaCard, dims: GdnDims, conv_w: np.ndarray, ssm_a: np.ndarray, dt_bias: np.ndarray, norm_w: np.ndarray,
+    eps: float, label: str,
+) -> GdnLayerWeights:
+    """Upload the layer constants (numpy order: conv_w [Cc, Kc], as `ModelFile.tensor` returns it)."""
+    expected = {"conv_w": (dims.cc, CONV_K), "ssm_a": (dims.n_v_heads,), "dt_bias": (dims.n_v_heads,),
+                "norm_w": (dims.d_v,)}
+    arrays = {"conv_w": conv_w, "ssm_a": ssm_a, "dt_bias": dt_bias, "norm_w": norm_w}
+    for name, shape in expected.items():
+        if arrays[name].shape != shape:
+            raise ValueError(f"{label}.{name} has shape {arrays[name].shape}, expected {shape}")
+    up = {name: card.upload(np.asarray(a, dtype=np.float32), f"{label}.{name}") for name, a in arrays.items()}
+    return GdnLayerWeights(eps=float(eps), **up)
+
+
+@dataclass(frozen=True)
+class GdnState:
+    """One sequence's state for one GDN layer: conv [Kc-1][Cc] and recurrent [Hv][dk][dv], fp32.
+
+    A GDN state cannot be cut back to an earlier position (spec pitfall 10): rollback and prefix reuse
+    keep a snapshot, another GdnState filled with `copy_from`. Both operations are stream-ordered driver
+    memsets/copies, so they can also be captured in a graph.
+    """
+
+    conv: DeviceBuffer
+    recurrent: DeviceBuffer
+
+    def zero(self, stream: Stream | None = None) -> None:
+        """Back to a fresh sequence's state (spec §6.9)."""
+        self.conv.fill_zero(stream)
+        self.recurrent.fill_zero(stream)
+
+    def copy_from(self, other: "GdnState", stream: Stream | None = None) -> None:
+        """Become a copy of `other` (snapshot or restore, device to device)."""
+        if (self.conv.nbytes, self.recurrent.nbytes) != (other.conv.nbytes, other.recurrent.nbytes):
+            raise ValueError("GDN states of different layer shapes")
+        self.conv.copy_from(other.conv, stream=stream)
+        self.recurrent.copy_from(other.recurrent, stream=stream)
+
+
+def alloc_gdn_state(card: CudaCard, dims: GdnDims, label: str) -> GdnState:
+    """A zeroed state (a fresh sequence)."""
+    state = GdnState(
+        conv=card.alloc(F32 * dims.conv_state_floats, f"{label}.conv"),
+        recurrent=card.alloc(F32 * dims.recurrent_state_floats, f"{label}.recurrent"),
+    )
+    state.zero()
+    return state
+
+
+def alloc_head_counters(card: CudaCard, dims: GdnDims, label: str) -> DeviceBuffer:
+    """The recurrent kernel's per-head arrival counters (uint32 [Hv], zeroed; every launch leaves them zero).
+    Launches that share one set must not run concurrently: give each stream its own."""
+    counters = card.alloc(4 * dims.n_v_heads, label)
+    counters.fill_zero()
+    return counters
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A [T][width] fp32 matrix in a buffer: row t starts `stride` floats after row t - 1."""
+
+    buf: DeviceBuffer
+    stride: int
+
+    def check(self, what: str, width: int, n_tokens: int) -> None:
+        if self.stride < width or self.buf.nbytes < F32 * (self.stride * (n_tokens - 1) + width):
+            raise ValueError(
+                f"{what}: {self.buf.nbytes} bytes at row stride {self.stride} cannot hold {n_tokens} rows of {width}"
+            )
+
+
+@dataclass(frozen=True)
+class GdnInputs:
+    """The in-projection outputs of a batch: mix [T][Cc] (raw attn_qkv), z [T][Cv], b and alpha [T][Hv]."""
+
+    mix: Rows
+    z: Rows
+    b: Rows
+    alpha: Rows
+
+    def check(self, dims: GdnDims, n_tokens: int) -> None:
+        for what, rows, width in (("mix", self.mix, dims.cc), ("z", self.z, dims.cv), ("b", self.b, dims.n_v_heads),
+                                  ("alpha", self.alpha, dims.n_v_heads)):
+            rows.check(what, width, n_tokens)
+
+
+def _check_tokens(n_tokens: int) -> None:
+    if not 1 <= n_tokens <= CONV_TILE * _MAX_GRID_YZ:
+        raise ValueError(f"a GDN batch holds 1..{CONV_TILE * _MAX_GRID_YZ} tokens, not {n_tokens}")
+
+
+def _check_out(what: str, buf: DeviceBuffer, nbytes: int) -> None:
+    if buf.nbytes < nbytes:
+        raise ValueError(f"{what} buffer of {buf.nbytes} bytes < {nbytes} needed")
+
+
+def _q8_args(dims: GdnDims, y_q8: Q8Activations | None, n_tokens: int) -> tuple[DeviceBuffer | None, DeviceBuffer | None]:
+    if y_q8 is None:
+        return None, None
+    if dims.d_v % QK or y_q8.k != dims.cv or n_tokens > y_q8.max_tokens:
+        raise ValueError(
+            f"Q8_1 output needs dv % {QK} == 0 (dv={dims.d_v}) and room for {n_tokens} rows of {dims.cv} "
+            f"(has {y_q8.max_tokens} of {y_q8.k}); quantize y with quantize_q8_1 instead"
+        )
+    return y_q8.xq, y_q8.xd
+
+
+def gdn_conv_silu(
+    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, mix: Rows, conv_out: DeviceBuffer,
+    n_tokens: int, stream: Stream | None = None,
+) -> None:
+    """conv_out [T][Cc] = SiLU(causal conv of mix after the conv state); the conv state advances by T rows."""
+    _check_tokens(n_tokens)
+    mix.check("mix", dims.cc, n_tokens)
+    _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
+    grid = (-(-dims.cc // CONV_THREADS), -(-n_tokens // CONV_TILE))
+    card.kernel("gdn_conv_silu").launch(
+        grid, CONV_THREADS, mix.buf, np.int64(mix.stride), weights.conv_w, state.conv, conv_out,
+        np.int32(dims.cc), np.int32(n_tokens), stream=stream,
+    )
+
+
+def gdn_recurrent(
+    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, conv_out: DeviceBuffer,
+    inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, y_q8: Q8Activations | None = None,
+    stream: Stream | None = None,
+) -> None:
+    """Token-by-token delta rule + gated norm: y [T][Cv] (and its Q8_1 copy); the recurrent state advances."""
+    _check_tokens(n_tokens)
+    inputs.check(dims, n_tokens)
+    _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
+    _check_out("y", y, F32 * n_tokens * dims.cv)
+    _check_out("head counters", counters, 4 * dims.n_v_heads)
+    yq, yd = _q8_args(dims, y_q8, n_tokens)
+    card.kernel("gdn_recurrent").launch(
+        (dims.n_v_heads, -(-dims.d_v // RECURRENT_COLS)), RECURRENT_THREADS, conv_out, inputs.z.buf,
+        np.int64(inputs.z.stride), inputs.b.buf, np.int64(inputs.b.stride), inputs.alpha.buf,
+        np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.norm_w, state.recurrent, y, yq, yd,
+        counters, np.int32(n_tokens), np.int32(dims.n_k_heads), np.int32(dims.n_v_heads), np.int32(dims.d_k),
+        np.int32(dims.d_v), np.float32(weights.eps), stream=stream,
+    )
+
+
+def gdn_chunk_prefill(
+    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, conv_out: DeviceBuffer,
+    inputs: GdnInputs, o: DeviceBuffer, n_tokens: int, stream: Stream | None = None,
+) -> None:
+    """Chunked delta rule (spec §6.8) from the cached state: raw outputs o [T][Cv]; the recurrent state advances."""
+    _check_tokens(n_tokens)
+    inputs.check(dims, n_tokens)
+    _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
+    _check_out("o", o, F32 * n_tokens * dims.cv)
+    kernel = card.kernel("gdn_chunk_prefill")
+    kernel.set_max_dynamic_shared(CHUNK_SMEM_BYTES)
+    kernel.launch(
+        (dims.n_v_heads, -(-dims.d_v // CHUNK_COLS)), CHUNK_THREADS, conv_out, inputs.b.buf, np.int64(inputs.b.stride),
+        inputs.alpha.buf, np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, state.recurrent, o,
+        np.int64(dims.cv), np.int32(n_tokens), np.int32(dims.n_k_heads), np.int32(dims.n_v_heads),
+        np.int32(dims.d_k), np.int32(dims.d_v), shared=CHUNK_SMEM_BYTES, stream=stream,
+    )
+
+
+def gdn_gated_norm(
+    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, o: DeviceBuffer, z: Rows, y: DeviceBuffer, n_tokens: int,
+    y_q8: Q8Activations | None = None, stream: Stream | None = None,
+) -> None:
+    """y [T][Cv] = rmsnorm(o) * silu(z) per value head (and its Q8_1 copy); y may be o itself."""
+    _check_tokens(n_tokens)
+    z.check("z", dims.cv, n_tokens)
+    _check_out("o", o, F32 * n_tokens * dims.cv)
+    _check_out("y", y, F32 * n_tokens * dims.cv)
+    yq, yd = _q8_args(dims, y_q8, n_tokens)
+    card.kernel("gdn_gated_norm").launch(
+        n_tokens * dims.n_v_heads, NORM_THREADS, o, np.int64(dims.cv), z.buf, np.int64(z.stride), weights.norm_w, y,
+        np.int64(dims.cv), yq, yd, np.int32(dims.n_v_heads), np.int32(dims.d_v), np.float32(weights.eps),
+        stream=stream,
+    )
+
+
+def gdn_mixer(
+    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, inputs: GdnInputs,
+    conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int,
+    y_q8: Q8Activations | None = None, recurrent: bool | None = None, stream: Stream | None = None,
+) -> None:
+    """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv].
+
+    `recurrent` picks the delta-rule form (default: recurrent up to RECURRENT_MAX_TOKENS tokens); both are
+    the same function of the inputs and the state, so the choice is only about speed.
+    """
+    use_recurrent = n_tokens <= RECURRENT_MAX_TOKENS if recurrent is None else recurrent
+    gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream)
+    if use_recurrent:
+        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, y_q8, stream)
+    else:
+        gdn_chunk_prefill(card, dims, weights, state, conv_out, inputs, y, n_tokens, stream)
+        gdn_gated_norm(card, dims, weights, y, inputs.z, y, n_tokens, y_q8, stream)
+

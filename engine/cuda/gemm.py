@@ -1,0 +1,61 @@
+"""Host side of the prefill GEMM (`cuda_src/gemm_q8.cu`): grid sizing and argument order.
+
+The GEMM takes the same weights (`Q8Weight`, stacked matrices included) and quantized activations
+(`Q8Activations`) as the GEMV and writes the same output layout (segment i of a stacked weight is its
+own [T][rows_i] matrix), so a runner can pick GEMV or GEMM per call by token count alone. Any token
+count works; the kernel is built for prefill chunks (tens to hundreds of tokens), where each weight
+tile is reused by every 64-token tile, while the GEMV reads weights once for up to 8 tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.cuda.gemv import MAX_SEGMENTS, Q8Activations, Q8Weight
+
+# Mirrors GEMM_BR / GEMM_BT / GEMM_THREADS in gemm_q8.cu: one CTA computes a 64-row x 64-token tile.
+GEMM_TILE_ROWS = 64
+GEMM_TILE_TOKENS = 64
+GEMM_THREADS = 256
+
+
+def gemm_grid(rows: int, n_tokens: int) -> tuple[int, int]:
+    """(token tiles, row tiles): token tiles vary fastest so CTAs sharing a weight tile run together."""
+    return (-(-n_tokens // GEMM_TILE_TOKENS), -(-rows // GEMM_TILE_ROWS))
+
+
+def gemm_q8(
+    card: CudaCard,
+    w: Q8Weight,
+    x: Q8Activations,
+    y: DeviceBuffer,
+    n_tokens: int,
+    residual: DeviceBuffer | None = None,
+    stream: Stream | None = None,
+) -> None:
+    """y = W x (+ residual) for n_tokens tokens; `residual` has the output's layout and may be `y`."""
+    if not 1 <= n_tokens <= x.max_tokens:
+        raise ValueError(f"n_tokens {n_tokens} outside 1..{x.max_tokens} of the activation buffer")
+    if x.k != w.k:
+        raise ValueError(f"activations of width {x.k} do not fit W [{w.rows}, {w.k}]")
+    out_bytes = 4 * w.rows * n_tokens
+    for name, buf in (("output", y), ("residual", residual)):
+        if buf is not None and buf.nbytes < out_bytes:
+            raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
+    ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
+    card.kernel("gemm_q8_0_q8_1").launch(
+        gemm_grid(w.rows, n_tokens),
+        GEMM_THREADS,
+        w.qs,
+        w.d,
+        x.xq,
+        x.xd,
+        y,
+        residual,
+        np.int32(w.rows),
+        np.int32(w.k),
+        *(np.int32(e) for e in ends),
+        np.int32(n_tokens),
+        stream=stream,
+    )

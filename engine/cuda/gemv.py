@@ -1,0 +1,152 @@
+"""Host side of the DP4A GEMV (`cuda_src/gemv_q8.cu`) and the Q8_1 quantizer (`cuda_src/quantize.cu`).
+
+Owns what a caller should not have to know: the device layouts (`engine.cuda.q8_layout`), argument
+order, grid sizes, and the row-range split of stacked weights. Matrices that share one input (ffn
+gate+up; GDN qkv, z, b, a; attention q, k, v) are stacked row-wise once at upload and run as one GEMV;
+segment i of the output is its own [T][rows_i] matrix, found with `Q8Weight.segment_view`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.cuda.q8_layout import QK
+
+GEMV_THREADS = 128
+# Rows per warp for each token count: mirrors RIGLLM_GEMV_Q8(T, R, ...) in gemv_q8.cu (a unit test checks it).
+# Only grid sizes depend on it; the kernel strides over row groups, so a mismatch costs speed, not results.
+GEMV_ROWS_PER_WARP = {1: 2, 2: 2, 3: 2, 4: 2, 5: 4, 6: 4, 7: 4, 8: 4}
+MAX_GEMV_TOKENS = max(GEMV_ROWS_PER_WARP)
+MAX_SEGMENTS = 4
+QUANTIZE_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Q8Weight:
+    """A Q8_0 matrix (or several stacked row-wise) in the device layout: qs int8 [rows][k], d fp16 [rows][k/32]."""
+
+    qs: DeviceBuffer
+    d: DeviceBuffer
+    rows: int
+    k: int
+    segments: tuple[int, ...]  # row counts of the stacked matrices, summing to `rows`
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.nbytes + self.d.nbytes
+
+    def segment_view(self, y: DeviceBuffer, index: int, n_tokens: int) -> DeviceBuffer:
+        """The [n_tokens][segments[index]] fp32 output of stacked matrix `index` inside GEMV output `y`."""
+        start = sum(self.segments[:index])
+        return y.view(4 * start * n_tokens, 4 * self.segments[index] * n_tokens)
+
+
+def upload_q8_weight(card: CudaCard, parts: Sequence[tuple[np.ndarray, np.ndarray]], label: str) -> Q8Weight:
+    """Upload one or more (qs int8 [rows_i, k], d fp16 [rows_i, k/32]) matrices, stacked row-wise."""
+    if not 1 <= len(parts) <= MAX_SEGMENTS:
+        raise ValueError(f"{label}: 1 to {MAX_SEGMENTS} matrices can share one GEMV, not {len(parts)}")
+    k = parts[0][0].shape[1]
+    for qs, d in parts:
+        if qs.dtype != np.int8 or d.dtype != np.float16 or qs.ndim != 2 or qs.shape[1] != k:
+            raise ValueError(f"{label}: every part must be qs int8 [rows, {k}] with d float16 [rows, {k // QK}]")
+        if k % QK or d.shape != (qs.shape[0], k // QK):
+            raise ValueError(f"{label}: d has shape {d.shape}, expected {(qs.shape[0], k // QK)}; k must be a multiple of {QK}")
+    qs_all = np.concatenate([qs for qs, _ in parts]) if len(parts) > 1 else parts[0][0]
+    d_all = np.concatenate([d for _, d in parts]) if len(parts) > 1 else parts[0][1]
+    return Q8Weight(
+        qs=card.upload(qs_all, f"{label}.qs"),
+        d=card.upload(d_all, f"{label}.d"),
+        rows=qs_all.shape[0],
+        k=k,
+        segments=tuple(qs.shape[0] for qs, _ in parts),
+    )
+
+
+@dataclass(frozen=True)
+class Q8Activations:
+    """Quantized activations for up to `max_tokens` rows of width k: xq int8 [T][k], xd fp32 [T][k/32]."""
+
+    xq: DeviceBuffer
+    xd: DeviceBuffer
+    k: int
+    max_tokens: int
+
+
+def alloc_q8_activations(card: CudaCard, k: int, max_tokens: int, label: str) -> Q8Activations:
+    if k % QK:
+        raise ValueError(f"{label}: width {k} is not a multiple of {QK}")
+    return Q8Activations(
+        xq=card.alloc(k * max_tokens, f"{label}.xq"),
+        xd=card.alloc(4 * (k // QK) * max_tokens, f"{label}.xd"),
+        k=k,
+        max_tokens=max_tokens,
+    )
+
+
+def quantize_q8_1(
+    card: CudaCard,
+    x: DeviceBuffer,
+    out: Q8Activations,
+    n_tokens: int,
+    ld_x: int | None = None,
+    stream: Stream | None = None,
+) -> None:
+    """Quantize rows x[t][0:k] (fp32, row stride `ld_x` floats, default k) for t < n_tokens into `out`."""
+    ld = out.k if ld_x is None else ld_x
+    if not 1 <= n_tokens <= out.max_tokens:
+        raise ValueError(f"n_tokens {n_tokens} outside 1..{out.max_tokens}")
+    if ld < out.k or x.nbytes < 4 * (ld * (n_tokens - 1) + out.k):
+        raise ValueError(f"input of {x.nbytes} bytes cannot hold {n_tokens} rows of {out.k} at stride {ld}")
+    threads = n_tokens * out.k // 4
+    grid = (threads + QUANTIZE_THREADS - 1) // QUANTIZE_THREADS
+    card.kernel("quantize_q8_1").launch(
+        grid, QUANTIZE_THREADS, x, np.int64(ld), out.xq, out.xd, np.int32(out.k), np.int32(n_tokens), stream=stream
+    )
+
+
+def gemv_q8(
+    card: CudaCard,
+    w: Q8Weight,
+    x: Q8Activations,
+    y: DeviceBuffer,
+    n_tokens: int,
+    residual: DeviceBuffer | None = None,
+    stream: Stream | None = None,
+    max_blocks: int | None = None,
+) -> None:
+    """y = W x (+ residual) for n_tokens (1..8) tokens; outputs split per stacked matrix (see module docstring).
+
+    `residual` has the output's layout and may be `y` itself. `max_blocks` caps the grid (the kernel
+    strides over row groups), e.g. to leave SMs to a concurrent stream.
+    """
+    if n_tokens not in GEMV_ROWS_PER_WARP:
+        raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
+    if x.k != w.k or n_tokens > x.max_tokens:
+        raise ValueError(f"activations of width {x.k} for {x.max_tokens} tokens do not fit W [{w.rows}, {w.k}] x {n_tokens}")
+    out_bytes = 4 * w.rows * n_tokens
+    for name, buf in (("output", y), ("residual", residual)):
+        if buf is not None and buf.nbytes < out_bytes:
+            raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
+    ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
+    rows_per_block = GEMV_ROWS_PER_WARP[n_tokens] * (GEMV_THREADS // 32)
+    grid = (w.rows + rows_per_block - 1) // rows_per_block
+    if max_blocks is not None:
+        grid = max(1, min(grid, max_blocks))
+    card.kernel(f"gemv_q8_t{n_tokens}").launch(
+        grid,
+        GEMV_THREADS,
+        w.qs,
+        w.d,
+        x.xq,
+        x.xd,
+        y,
+        residual,
+        np.int32(w.rows),
+        np.int32(w.k),
+        *(np.int32(e) for e in ends),
+        stream=stream,
+    )

@@ -1,0 +1,166 @@
+"""Device ceilings and GEMV speed, measured on the card in the same run (`rigllm bench`, targets.md).
+
+- copy bandwidth: a large device-to-device copy, counted as read + write (as targets.md's 4281 GB/s);
+- DP4A peak: `dp4a_peak`, 8 independent chains per thread, 16 blocks of 256 threads per SM;
+- GEMV bandwidth: `gemv_q8_t1` on every weight matrix of one decode step of a model shape (stacked as
+  the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
+  repeats, replayed from a CUDA graph and timed with CUDA events; plus the whole step's GEMV bytes
+  over its summed GEMV time.
+Projected numbers for other cards (e.g. the CMP 100-210) are fractions of these measured ceilings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.gemv import Q8Activations, alloc_q8_activations, gemv_q8
+from engine.cuda.synthetic_weights import random_q8_weight
+from engine.cuda.q8_layout import QK
+from engine.gguf.config import ModelConfig
+from engine.gguf.shapes import shape_config
+
+DP4A_CHAINS = 8  # RIGLLM_DP4A_CHAINS in microbench.cu
+OPS_PER_DP4A = 8  # 4 int8 multiply-adds, 2 ops each
+
+
+def time_graph_ms(card: CudaCard, reps: int, body: Any) -> float:
+    """Mean device milliseconds per call of `body(i)`, i < reps, replayed as one CUDA graph.
+
+    A graph keeps Python launch overhead (several µs per call) out of the measurement, as it is kept
+    out of a real decode step; the eager first call loads the kernels and warms the caches.
+    """
+    body(0)
+    with card.capture("microbench") as graph:
+        for i in range(reps):
+            body(i)
+    try:
+        card.replay(graph)
+        start, end = card.event(), card.event()
+        start.record()
+        card.replay(graph)
+        end.record()
+        return end.elapsed_ms(start) / reps
+    finally:
+        graph.close()
+
+
+def copy_bandwidth(card: CudaCard, nbytes: int = 1 << 30, reps: int = 10) -> dict[str, float]:
+    """Device-to-device copy speed, read + write bytes per second."""
+    src = card.alloc(nbytes, "bench.copy.src")
+    dst = card.alloc(nbytes, "bench.copy.dst")
+    try:
+        src.fill_zero()
+        ms = time_graph_ms(card, reps, lambda _: dst.copy_from(src))
+    finally:
+        src.free()
+        dst.free()
+    return {"bytes": nbytes, "ms": ms, "gb_per_s": 2 * nbytes / (ms * 1e-3) / 1e9}
+
+
+def dp4a_peak(card: CudaCard, iters: int = 4096, reps: int = 5) -> dict[str, float]:
+    """DP4A throughput in int8 TOPS (2 ops per multiply-add)."""
+    blocks, threads = card.sm_count * 16, 256
+    out = card.alloc(4, "bench.dp4a.out")
+    kernel = card.kernel("dp4a_peak")
+    try:
+        ms = time_graph_ms(
+            card, reps, lambda _: kernel.launch(blocks, threads, out, np.int32(iters), np.int32(-0x7FFFFFFF))
+        )
+    finally:
+        out.free()
+    ops = blocks * threads * iters * DP4A_CHAINS * OPS_PER_DP4A
+    return {"ms": ms, "tops": ops / (ms * 1e-3) / 1e12}
+
+
+@dataclass(frozen=True)
+class GemvShape:
+    """One GEMV of a decode step: `count` launches per token of a rows x k matrix."""
+
+    name: str
+    rows: int
+    k: int
+    count: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.rows * self.k + 2 * self.rows * (self.k // QK)
+
+
+def decode_gemvs(cfg: ModelConfig) -> list[GemvShape]:
+    """The GEMVs of one decode token of a model (trunk only), stacked as the runner launches them."""
+    n_gdn, n_attn = len(cfg.gdn_layers), len(cfg.attention_layers)
+    d, hv = cfg.d_model, cfg.ssm_n_v_heads
+    return [
+        GemvShape("gdn_in (qkv+z+b+a)", cfg.ssm_conv_dim + cfg.ssm_d_inner + 2 * hv, d, n_gdn),
+        GemvShape("gdn_out", d, cfg.ssm_d_inner, n_gdn),
+        GemvShape("attn_in (q+gate, k, v)", 2 * cfg.q_dim + 2 * cfg.kv_dim, d, n_attn),
+        GemvShape("attn_out", d, cfg.q_dim, n_attn),
+        GemvShape("ffn_gate_up", 2 * cfg.d_ff, d, cfg.n_layers),
+        GemvShape("ffn_down", d, cfg.d_ff, cfg.n_layers),
+        GemvShape("lm_head", cfg.vocab_size, d, 1),
+    ]
+
+
+def _random_activations(card: CudaCard, k: int, seed: int) -> Q8Activations:
+    act = alloc_q8_activations(card, k, 1, "bench.x")
+    rng = np.random.default_rng(seed)
+    act.xq.upload(rng.integers(-127, 128, size=k, dtype=np.int8))
+    act.xd.upload(rng.uniform(0.01, 0.02, size=k // QK).astype(np.float16).astype(np.float32))
+    return act
+
+
+def gemv_bandwidth(card: CudaCard, shape: GemvShape, reps: int = 20, l2_multiple: int = 4) -> dict[str, Any]:
+    """Achieved read bandwidth of the T=1 GEMV on `shape`, over copies totalling >= l2_multiple x L2."""
+    copies = max(2, min(8, math.ceil(l2_multiple * card.l2_bytes / shape.weight_bytes)))
+    weights = [random_q8_weight(card, (shape.rows,), shape.k, 1000 + i, f"bench.{shape.name}.{i}") for i in range(copies)]
+    x = _random_activations(card, shape.k, 7)
+    y: DeviceBuffer = card.alloc(4 * shape.rows, "bench.y")
+    try:
+        ms = time_graph_ms(card, reps, lambda i: gemv_q8(card, weights[i % copies], x, y, 1))
+    finally:
+        for w in weights:
+            w.qs.free()
+            w.d.free()
+        for buf in (x.xq, x.xd, y):
+            buf.free()
+    read = shape.weight_bytes + shape.k + 4 * (shape.k // QK)
+    return {
+        "name": shape.name,
+        "rows": shape.rows,
+        "k": shape.k,
+        "count_per_token": shape.count,
+        "copies": copies,
+        "bytes": read,
+        "us": ms * 1e3,
+        "gb_per_s": read / (ms * 1e-3) / 1e9,
+    }
+
+
+def run_microbench(card: CudaCard, shape: str = "9b") -> dict[str, Any]:
+    """Ceilings and GEMV speeds for `card`, as one JSON-ready dict."""
+    copy = copy_bandwidth(card)
+    dp4a = dp4a_peak(card)
+    gemvs = [gemv_bandwidth(card, s) for s in decode_gemvs(shape_config(shape))]
+    step_bytes = sum(g["bytes"] * g["count_per_token"] for g in gemvs)
+    step_us = sum(g["us"] * g["count_per_token"] for g in gemvs)
+    step_gbps = step_bytes / (step_us * 1e-6) / 1e9
+    return {
+        "device": card.device_name,
+        "arch": f"sm_{card.arch}",
+        "sm_count": card.sm_count,
+        "copy_gb_per_s": copy["gb_per_s"],
+        "dp4a_tops": dp4a["tops"],
+        "gemv": gemvs,
+        "gemv_step": {
+            "shape": shape,
+            "bytes": step_bytes,
+            "us": step_us,
+            "gb_per_s": step_gbps,
+            "fraction_of_copy": step_gbps / copy["gb_per_s"],
+        },
+    }

@@ -1,0 +1,158 @@
+"""Host side of sampling on the GPU (`cuda_src/sampling.cu`): the buffers of one sampling slot, the
+parameter layout the kernels read, and the fixed launch sequence.
+
+Only the chosen token id crosses PCIe (architecture rule 8). The sequence is the same for every
+request (stages a request does not use exit at once), so it can be captured in the decode graph; what
+changes per request lives in the parameter buffer (`configure`) and the token counts (`reset_counts`,
+`count_tokens`), and the draw counter in the parameter buffer advances on the device with every draw.
+Semantics are `engine.generation.sampler.Sampler`'s; the kernel file explains how they are met
+without sorting the vocabulary.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.generation.sampler import SamplingParams
+
+# struct SampleParams in sampling.cu (float64 like the reference, so penalties round exactly as it does).
+PARAMS_DTYPE = np.dtype(
+    [
+        ("temperature", "<f8"),
+        ("top_p", "<f8"),
+        ("min_p", "<f8"),
+        ("repetition_penalty", "<f8"),
+        ("presence_penalty", "<f8"),
+        ("frequency_penalty", "<f8"),
+        ("seed", "<u8"),
+        ("counter", "<u8"),
+        ("top_k", "<i4"),
+        ("reserved", "<i4"),
+    ]
+)
+# struct SampleState: the support is {key > final_key} plus the first final_ntie ids with key == final_key.
+STATE_DTYPE = np.dtype(
+    [
+        ("final_key", "<u4"),
+        ("final_ntie", "<i4"),
+        ("done", "<i4"),
+        ("n_finite", "<i4"),
+        ("smax", "<f4"),
+        ("inv_temp", "<f4"),
+        ("topk_key", "<u4"),
+        ("topk_ntie", "<i4"),
+        ("active", "<i4", (2,)),
+        ("prefix", "<u4"),
+        ("reserved", "<i4"),
+        ("target", "<u8"),
+    ]
+)
+PARTIAL_BYTES = 16  # ArgmaxPartial and DrawPartial
+HIST_BINS = 2048
+SAMPLE_THREADS = 256
+SELECT_SLOTS = 6  # 3 radix passes for top-k, then 3 for top-p
+
+
+def pack_params(params: SamplingParams, seed: int, counter: int = 0) -> np.ndarray:
+    """One `SampleParams` record for the device."""
+    rec = np.zeros(1, PARAMS_DTYPE)
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        rec[name] = float(getattr(params, name))
+    rec["top_k"] = params.top_k
+    rec["seed"] = seed
+    rec["counter"] = counter
+    return rec
+
+
+class GpuSampler:
+    """The device buffers of one sampling slot over a `vocab`-sized logits row, and its launches.
+
+    `parts` is the number of blocks of the vocabulary-wide passes (default: two per SM); it changes
+    speed only. All launches go to `stream` (default: the card's), none synchronizes, so `sample` and
+    `argmax` can be captured in a CUDA graph.
+    """
+
+    def __init__(self, card: CudaCard, vocab: int, label: str = "sampler", parts: int | None = None):
+        if vocab < 1:
+            raise ValueError(f"vocabulary size {vocab} must be positive")
+        self.card = card
+        self.vocab = vocab
+        self.parts = parts if parts is not None else max(1, min(2 * card.sm_count, -(-vocab // SAMPLE_THREADS)))
+        self.params = card.alloc(PARAMS_DTYPE.itemsize, f"{label}.params")
+        self.state = card.alloc(STATE_DTYPE.itemsize, f"{label}.state")
+        self.partials = card.alloc(PARTIAL_BYTES * self.parts, f"{label}.partials")
+        self.draw_partials = card.alloc(PARTIAL_BYTES * self.parts, f"{label}.draw_partials")
+        self.hist = card.alloc(8 * HIST_BINS, f"{label}.hist")
+        self.counts = card.alloc(4 * vocab, f"{label}.counts")
+        self.scores = card.alloc(4 * vocab, f"{label}.scores")
+        self.token = card.alloc(4, f"{label}.token")
+        self.hist.fill_zero()  # the kernels leave it zeroed after every pass
+        self.counts.fill_zero()
+
+    def configure(self, params: SamplingParams, counter: int = 0) -> int:
+        """Write a request's parameters (a seedless request gets a fresh random seed); returns the seed."""
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        self.params.upload(pack_params(params, seed, counter))
+        return seed
+
+    def reset_counts(self, stream: Stream | None = None) -> None:
+        """Forget the token history (new request)."""
+        self.counts.fill_zero(stream)
+
+    def count_tokens(self, ids: DeviceBuffer, n: int, stream: Stream | None = None) -> None:
+        """Add n token ids (int32 on the device) to the history the penalties see."""
+        if n < 1 or ids.nbytes < 4 * n:
+            raise ValueError(f"{n} ids need {4 * n} bytes, the buffer has {ids.nbytes}")
+        blocks = min(-(-n // SAMPLE_THREADS), 4 * self.card.sm_count)
+        self.card.kernel("token_counts_add").launch(
+            blocks, SAMPLE_THREADS, self.counts, ids, np.int32(n), np.int32(self.vocab), stream=stream
+        )
+
+    def sample(self, logits: DeviceBuffer, stream: Stream | None = None) -> None:
+        """Penalise, filter and draw from fp32 `logits` [vocab]; the id (-1 on NaN/+inf logits) goes to `token`.
+
+        The pick is added to the counts and, unless greedy, the draw counter advances by one.
+        """
+        if logits.nbytes < 4 * self.vocab:
+            raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
+        k = self.card.kernel
+        v, parts, t = np.int32(self.vocab), np.int32(self.parts), SAMPLE_THREADS
+        k("sample_scores").launch(self.parts, t, logits, self.counts, self.params, self.scores, self.partials, v, stream=stream)
+        k("sample_prepare").launch(
+            1, t, self.partials, parts, self.params, self.state, self.hist, self.counts, self.token, stream=stream
+        )
+        for slot in range(SELECT_SLOTS):
+            k("sample_hist").launch(self.parts, t, self.scores, v, self.state, self.hist, np.int32(slot), stream=stream)
+            k("sample_select").launch(1, t, self.params, self.state, self.hist, np.int32(slot), stream=stream)
+        k("sample_draw_partial").launch(self.parts, t, self.scores, v, self.state, self.draw_partials, stream=stream)
+        k("sample_draw").launch(
+            1, t, self.scores, v, self.params, self.state, self.draw_partials, parts, self.counts, self.token,
+            stream=stream,
+        )
+
+    def argmax(self, logits: DeviceBuffer, stream: Stream | None = None) -> None:
+        """Greedy without penalties or counts: the arg-max of `logits` (lowest id on ties, -1 on NaN/+inf)."""
+        if logits.nbytes < 4 * self.vocab:
+            raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
+        k = self.card.kernel
+        k("argmax_partial").launch(self.parts, SAMPLE_THREADS, logits, np.int32(self.vocab), self.partials, stream=stream)
+        k("argmax_final").launch(1, SAMPLE_THREADS, self.partials, np.int32(self.parts), self.token, stream=stream)
+
+    def read_token(self) -> int:
+        """The last id written to `token` (waits for the work before it)."""
+        return int(self.token.download(np.int32, 1)[0])
+
+    def read_state(self) -> np.ndarray:
+        """The selection state of the last `sample` (a `STATE_DTYPE` record), for tests and debugging."""
+        return self.state.download(STATE_DTYPE, 1)[0]
+
+    def read_params(self) -> np.ndarray:
+        """The parameter record as the device holds it now (the counter advances with each draw)."""
+        return self.params.download(PARAMS_DTYPE, 1)[0]
+
+    def free(self) -> None:
+        for buf in (self.params, self.state, self.partials, self.draw_partials, self.hist, self.counts, self.scores, self.token):
+            buf.free()

@@ -1,0 +1,125 @@
+"""Upload a GGUF's weights to one card in the layouts the kernels read.
+
+Matmul weights become Q8_0 structure-of-arrays (`engine.cuda.q8_layout`); weights that share an input
+are stacked row-wise once here so each shared input is quantized once and read by one GEMV/GEMM:
+ffn gate+up, the GDN in-projections (qkv, z, beta, alpha) and attention q, k, v. Q8_0 tensors are
+split without re-rounding; F16/BF16/F32 matmul weights are requantized to Q8_0 at load (contracts.md
+"Model files"), ssm_alpha/ssm_beta included — the reference's kernel-rounding mode keeps F32
+alpha/beta unrounded, so a file with F32 alpha/beta differs from it by that requantization alone.
+Norms, conv1d, ssm_a and dt bias stay fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.gemv import Q8Weight, upload_q8_weight
+from engine.cuda.q8_layout import split_q8_0
+from engine.gguf.config import ModelConfig
+from engine.gguf.model_file import ModelFile
+
+
+@dataclass(frozen=True)
+class GdnWeights:
+    attn_norm: DeviceBuffer
+    in_proj: Q8Weight  # segments: qkv (Cc), z (Cv), beta (Hv), alpha (Hv)
+    conv_w: DeviceBuffer  # fp32 [Cc][Kc]
+    ssm_a: DeviceBuffer
+    dt_bias: DeviceBuffer
+    ssm_norm: DeviceBuffer
+    out_proj: Q8Weight
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    attn_norm: DeviceBuffer
+    qkv: Q8Weight  # segments: q+gate (2*H*Dh), k (Hkv*Dh), v (Hkv*Dh)
+    q_norm: DeviceBuffer
+    k_norm: DeviceBuffer
+    out_proj: Q8Weight
+
+
+@dataclass(frozen=True)
+class FfnWeights:
+    post_attention_norm: DeviceBuffer
+    gate_up: Q8Weight  # segments: gate (F), up (F)
+    down: Q8Weight
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    mixer: GdnWeights | AttentionWeights
+    ffn: FfnWeights
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    token_embd: Q8Weight
+    layers: tuple[LayerWeights, ...]
+    output_norm: DeviceBuffer
+    lm_head: Q8Weight  # token_embd itself when the embeddings are tied
+
+
+def q8_parts(mf: ModelFile, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(qs int8 [rows, k], d fp16 [rows, k/32]) of a 2-D matmul weight, requantizing non-Q8_0 types."""
+    info = mf.tensors[name]
+    rows, k = info.numpy_shape
+    if info.ggml_type == GGMLQuantizationType.Q8_0:
+        raw = np.asarray(mf.raw(name))
+    else:
+        raw = quantize(mf.tensor(name), GGMLQuantizationType.Q8_0)
+    return split_q8_0(raw, rows, k)
+
+
+class _Uploader:
+    """Uploads tensors of one file under labels that name the tensor, for the card's byte ledger."""
+
+    def __init__(self, card: CudaCard, mf: ModelFile):
+        self.card, self.mf = card, mf
+
+    def f32(self, name: str) -> DeviceBuffer:
+        return self.card.upload(np.ascontiguousarray(self.mf.tensor(name), dtype=np.float32), name)
+
+    def q8(self, *names: str) -> Q8Weight:
+        return upload_q8_weight(self.card, [q8_parts(self.mf, n) for n in names], "+".join(names))
+
+
+def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig) -> ModelWeights:
+    """Every trunk tensor of `mf` on `card` (the MTP block stays on the host until MTP lands)."""
+    up = _Uploader(card, mf)
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        mixer: GdnWeights | AttentionWeights
+        if cfg.is_gdn(i):
+            mixer = GdnWeights(
+                attn_norm=up.f32(p + "attn_norm.weight"),
+                in_proj=up.q8(p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"),
+                conv_w=up.f32(p + "ssm_conv1d.weight"),
+                ssm_a=up.f32(p + "ssm_a"),
+                dt_bias=up.f32(p + "ssm_dt.bias"),
+                ssm_norm=up.f32(p + "ssm_norm.weight"),
+                out_proj=up.q8(p + "ssm_out.weight"),
+            )
+        else:
+            mixer = AttentionWeights(
+                attn_norm=up.f32(p + "attn_norm.weight"),
+                qkv=up.q8(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+                q_norm=up.f32(p + "attn_q_norm.weight"),
+                k_norm=up.f32(p + "attn_k_norm.weight"),
+                out_proj=up.q8(p + "attn_output.weight"),
+            )
+        ffn = FfnWeights(
+            post_attention_norm=up.f32(p + "post_attention_norm.weight"),
+            gate_up=up.q8(p + "ffn_gate.weight", p + "ffn_up.weight"),
+            down=up.q8(p + "ffn_down.weight"),
+        )
+        layers.append(LayerWeights(mixer, ffn))
+    token_embd = up.q8("token_embd.weight")
+    lm_head = token_embd if cfg.tied_embeddings else up.q8("output.weight")
+    return ModelWeights(token_embd, tuple(layers), up.f32("output_norm.weight"), lm_head)

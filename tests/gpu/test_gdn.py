@@ -1,0 +1,330 @@
+"""Gated DeltaNet kernels (cuda_src/gdn.cu, launched through engine.cuda.gdn) against the numpy reference.
+
+The reference is the mixer itself, `engine.reference.gated_deltanet.gated_deltanet`, fed the projection
+rows a test draws (stand-ins for its `Linear`s), so the kernels are held to exactly what the CPU backend
+computes: conv + SiLU with the conv state, L2 norms, gates, head pairing, the recurrent step or the
+chunked form, and the gated RMSNorm. On the device the four projections sit side by side in one stacked
+buffer with spare columns, so the row strides are exercised. Inputs are fresh random draws seeded from
+the test id.
+
+Tolerance: the kernels are fp32 with another summation order than numpy, so outputs and states must agree
+within TOL = 1e-4 of the largest reference magnitude of the compared array (any NaN fails); a CPU
+emulation of these kernels lands within 5e-7 of that scale, while a wrong index or formula is off by
+order 1. The optional Q8_1 outputs must equal quantize_q8_1 of the fp32 output the kernel wrote, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from engine.cuda.gdn import (
+    CONV_K,
+    GdnDims,
+    GdnInputs,
+    GdnState,
+    Rows,
+    alloc_gdn_state,
+    alloc_head_counters,
+    gdn_conv_silu,
+    gdn_mixer,
+    upload_gdn_weights,
+)
+from engine.cuda.gemv import alloc_q8_activations
+from engine.cuda.q8_layout import quantize_q8_1
+from engine.gguf.config import ModelConfig
+from engine.reference.activations import silu
+from engine.reference.gated_deltanet import GdnWeights, causal_conv, gated_deltanet
+from engine.reference.state import GdnLayerState
+from tests.gpu.gpu_fixtures import assert_equal, assert_within
+
+TOL = 1e-4
+F32 = 4
+
+SMALL = GdnDims(n_k_heads=2, n_v_heads=6, d_k=128, d_v=128)
+SHAPE_9B = GdnDims(n_k_heads=16, n_v_heads=32, d_k=128, d_v=128)
+SHAPE_27B = GdnDims(n_k_heads=16, n_v_heads=48, d_k=128, d_v=128)
+TINY = GdnDims(n_k_heads=2, n_v_heads=6, d_k=16, d_v=8)  # head dims of the tiny test models
+ODD = GdnDims(n_k_heads=3, n_v_heads=6, d_k=40, d_v=72)  # dims that are no multiple of any tile
+NAMES = {SMALL: "small", SHAPE_9B: "9b", SHAPE_27B: "27b", TINY: "tiny_dk16_dv8", ODD: "odd_dk40_dv72"}
+
+
+def shapes(*dims: GdnDims) -> list:
+    return [pytest.param(d, id=NAMES[d]) for d in dims]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Per-layer constants, drawn like a real checkpoint's (ssm_a in [-16, -1], dt in [1e-3, 0.1])."""
+
+    dims: GdnDims
+    conv_w: np.ndarray  # [Cc, 4]
+    ssm_a: np.ndarray  # [Hv]
+    dt_bias: np.ndarray  # [Hv]
+    norm_w: np.ndarray  # [dv]
+    eps: float = 1e-6
+
+
+def random_layer(dims: GdnDims, rng: np.random.Generator) -> Layer:
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), dims.n_v_heads))
+    return Layer(
+        dims=dims,
+        conv_w=rng.normal(0.0, 0.5, (dims.cc, CONV_K)).astype(np.float32),
+        ssm_a=(-np.exp(rng.uniform(0.0, np.log(16.0), dims.n_v_heads))).astype(np.float32),
+        dt_bias=(dt + np.log(-np.expm1(-dt))).astype(np.float32),  # inverse softplus of dt
+        norm_w=(1.0 + 0.1 * rng.standard_normal(dims.d_v)).astype(np.float32),
+    )
+
+
+PARTS = ("mix", "z", "b", "alpha")
+
+
+@dataclass(frozen=True)
+class Projections:
+    """The four in-projection outputs of T tokens side by side in one matrix [T, width]: mix | z | b | alpha."""
+
+    dims: GdnDims
+    stacked: np.ndarray
+
+    @property
+    def n_tokens(self) -> int:
+        return self.stacked.shape[0]
+
+    def column(self, part: str) -> int:
+        d = self.dims
+        return {"mix": 0, "z": d.cc, "b": d.cc + d.cv, "alpha": d.cc + d.cv + d.n_v_heads}[part]
+
+    def part(self, part: str) -> np.ndarray:
+        width = {"mix": self.dims.cc, "z": self.dims.cv, "b": self.dims.n_v_heads, "alpha": self.dims.n_v_heads}[part]
+        return np.ascontiguousarray(self.stacked[:, self.column(part) : self.column(part) + width])
+
+
+def random_projections(dims: GdnDims, n_tok: int, rng: np.random.Generator) -> Projections:
+    """N(0, 1) projections; value head 0 gets alpha ~ N(0, 15), which crosses the softplus threshold of 20
+    (tiny decays) and reaches decays near 1. Five spare columns keep the row stride off any natural width."""
+    stacked = rng.standard_normal((n_tok, dims.cc + dims.cv + 2 * dims.n_v_heads + 5)).astype(np.float32)
+    stacked[:, dims.cc + dims.cv + dims.n_v_heads] *= 15.0
+    return Projections(dims, stacked)
+
+
+def random_state(dims: GdnDims, rng: np.random.Generator, zero: bool = False) -> GdnLayerState:
+    conv = np.zeros((CONV_K - 1, dims.cc), np.float32)
+    recurrent = np.zeros((dims.n_v_heads, dims.d_k, dims.d_v), np.float32)
+    if not zero:
+        conv = rng.standard_normal(conv.shape).astype(np.float32)
+        recurrent = rng.standard_normal(recurrent.shape).astype(np.float32)
+    return GdnLayerState(conv=conv, recurrent=recurrent)
+
+
+class _Given:
+    """Stands in for one `Linear` of the reference mixer: returns the projection rows the test drew."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+
+    def __call__(self, _x: np.ndarray) -> np.ndarray:
+        return self.rows
+
+
+def _config(dims: GdnDims, eps: float) -> ModelConfig:
+    """A ModelConfig with this GDN shape; the mixer reads only the ssm_* fields and rms_eps."""
+    return ModelConfig(
+        d_model=1, d_ff=1, n_layers=1, n_mtp=0, n_head=1, n_head_kv=1, head_dim=1, rope_dims=0,
+        rope_sections=(0, 0, 0, 0), rope_theta=1.0, rms_eps=eps, context_length=1, ssm_conv_kernel=CONV_K,
+        ssm_d_state=dims.d_k, ssm_n_k_heads=dims.n_k_heads, ssm_n_v_heads=dims.n_v_heads, ssm_d_inner=dims.cv,
+        vocab_size=1, tied_embeddings=True,
+    )
+
+
+def reference_step(layer: Layer, proj: Projections, state: GdnLayerState) -> np.ndarray:
+    """The reference mixer's gated-norm output y [T, Cv] (before ssm_out); updates `state` in place."""
+    weights = GdnWeights(
+        qkv=_Given(proj.part("mix")), gate=_Given(proj.part("z")), beta=_Given(proj.part("b")),
+        alpha=_Given(proj.part("alpha")), out=lambda y: y, conv=layer.conv_w, dt_bias=layer.dt_bias,
+        a=layer.ssm_a, norm=layer.norm_w,
+    )
+    return gated_deltanet(weights, _config(layer.dims, layer.eps), np.zeros((proj.n_tokens, 0), np.float32), state)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Max abs error within TOL x max|want|."""
+    assert_within(got, want, TOL * max(float(np.max(np.abs(want))), 1e-30), what)
+
+
+class DeviceGdn:
+    """One GDN layer on the card with one sequence's state, stepped through `gdn_mixer` as a runner does."""
+
+    def __init__(self, card, layer: Layer, state: GdnLayerState):
+        d = layer.dims
+        self.card, self.layer, self.dims = card, layer, d
+        self.weights = upload_gdn_weights(card, d, layer.conv_w, layer.ssm_a, layer.dt_bias, layer.norm_w, layer.eps,
+                                          "test.gdn")
+        self.state = GdnState(conv=card.upload(state.conv, "test.gdn.conv"),
+                              recurrent=card.upload(state.recurrent, "test.gdn.recurrent"))
+        self.counters = alloc_head_counters(card, d, "test.gdn.counters")
+        self.last_q8: tuple[np.ndarray, np.ndarray] | None = None  # (xq, xd) of the last step, when asked
+
+    def step(self, proj: Projections, recurrent: bool | None = None, q8: bool = False) -> np.ndarray:
+        """Run T tokens; returns y [T, Cv]. `recurrent` picks the form (default: gdn_mixer's choice); `q8`
+        also asks for the Q8_1 copy of y, left in `last_q8`."""
+        d, card, n_tok = self.dims, self.card, proj.n_tokens
+        stacked = card.upload(proj.stacked, "test.gdn.proj")
+        width = proj.stacked.shape[1]
+        views = {p: stacked.view(F32 * proj.column(p), stacked.nbytes - F32 * proj.column(p)) for p in PARTS}
+        inputs = GdnInputs(**{p: Rows(views[p], width) for p in PARTS})
+        conv_out = card.alloc(F32 * n_tok * d.cc, "test.gdn.conv_out")
+        y = card.alloc(F32 * n_tok * d.cv, "test.gdn.y")
+        y_q8 = alloc_q8_activations(card, d.cv, n_tok, "test.gdn.y_q8") if q8 else None
+        gdn_mixer(card, d, self.weights, self.state, inputs, conv_out, y, self.counters, n_tok, y_q8, recurrent)
+        card.synchronize()
+        if y_q8 is not None:
+            self.last_q8 = (y_q8.xq.download(np.int8, (n_tok, d.cv)), y_q8.xd.download(np.float32, (n_tok, d.cv // 32)))
+        return y.download(np.float32, (n_tok, d.cv))
+
+    def states(self) -> GdnLayerState:
+        d = self.dims
+        return GdnLayerState(
+            conv=self.state.conv.download(np.float32, (CONV_K - 1, d.cc)),
+            recurrent=self.state.recurrent.download(np.float32, (d.n_v_heads, d.d_k, d.d_v)),
+        )
+
+
+def assert_states_close(got: GdnLayerState, want: GdnLayerState, what: str) -> None:
+    assert_close(got.conv, want.conv, f"{what}: conv state")
+    assert_close(got.recurrent, want.recurrent, f"{what}: recurrent state")
+
+
+def run_and_compare(dev: DeviceGdn, ref_state: GdnLayerState, proj: Projections, what: str,
+                    recurrent: bool | None = None, q8: bool = False) -> np.ndarray:
+    """One step on the device and in the reference (same inputs, same carried state); returns device y."""
+    got = dev.step(proj, recurrent, q8)
+    want = reference_step(dev.layer, proj, ref_state)
+    assert_close(got, want, f"{what}: y")
+    if q8:
+        xq, xd = quantize_q8_1(got)
+        assert_equal(dev.last_q8[0], xq, f"{what}: Q8_1 values of y")
+        assert_equal(dev.last_q8[1], xd, f"{what}: Q8_1 scales of y")
+    return got
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 5, 64])
+def test_conv_silu_carries_the_state(card, rng, n_tok):
+    """Two batches of T tokens after a random conv state: outputs and the state after each batch."""
+    dims = GdnDims(n_k_heads=1, n_v_heads=1, d_k=100, d_v=133)  # Cc = 333: no multiple of the block
+    layer = random_layer(dims, rng)
+    weights = upload_gdn_weights(card, dims, layer.conv_w, layer.ssm_a, layer.dt_bias, layer.norm_w, layer.eps, "conv")
+    want_state = rng.standard_normal((CONV_K - 1, dims.cc)).astype(np.float32)
+    state = GdnState(conv=card.upload(want_state, "conv.state"), recurrent=card.alloc(F32, "conv.unused"))
+    stride = dims.cc + 8
+    for batch in range(2):
+        rows = rng.standard_normal((n_tok, stride)).astype(np.float32)
+        out = card.alloc(F32 * n_tok * dims.cc, "conv.out")
+        gdn_conv_silu(card, dims, weights, state, Rows(card.upload(rows, "conv.mix"), stride), out, n_tok)
+        card.synchronize()
+        conv, want_state = causal_conv(np.ascontiguousarray(rows[:, : dims.cc]), want_state, layer.conv_w)
+        assert_close(out.download(np.float32, (n_tok, dims.cc)), silu(conv), f"batch {batch}: conv output")
+        assert_close(state.conv.download(np.float32, (CONV_K - 1, dims.cc)), want_state, f"batch {batch}: conv state")
+
+
+@pytest.mark.parametrize("dims", shapes(SMALL, SHAPE_9B, SHAPE_27B, TINY, ODD))
+def test_decode_steps_carry_the_state(card, rng, dims):
+    """Ten consecutive decode tokens from a random state: y (and its Q8_1 copy where dv % 32 == 0) every
+    step, both states at the end, and the arrival counters back at zero."""
+    layer = random_layer(dims, rng)
+    ref_state = random_state(dims, rng)
+    dev = DeviceGdn(card, layer, ref_state)
+    for t in range(10):
+        proj = random_projections(dims, 1, rng)
+        run_and_compare(dev, ref_state, proj, f"{NAMES[dims]} token {t}", q8=dims.d_v % 32 == 0)
+    assert_states_close(dev.states(), ref_state, NAMES[dims])
+    counters = dev.counters.download(np.uint32, dims.n_v_heads)
+    assert_equal(counters, np.zeros(dims.n_v_heads, np.uint32), "arrival counters")
+
+
+@pytest.mark.parametrize("dims", shapes(SMALL, ODD))
+def test_recurrent_kernel_on_short_batches(card, rng, dims):
+    """Verify-sized batches (3, 2 and 5 tokens) through the recurrent kernel, continuing one state; the
+    reference takes its chunked path for them (the two forms are the same function)."""
+    layer = random_layer(dims, rng)
+    ref_state = random_state(dims, rng)
+    dev = DeviceGdn(card, layer, ref_state)
+    for n_tok in (3, 2, 5):
+        proj = random_projections(dims, n_tok, rng)
+        run_and_compare(dev, ref_state, proj, f"batch of {n_tok}", recurrent=True, q8=dims.d_v % 32 == 0)
+    assert_states_close(dev.states(), ref_state, NAMES[dims])
+
+
+@pytest.mark.parametrize("initial", ["zero", "random"])
+@pytest.mark.parametrize("n_tok", [1, 63, 64, 65, 200])
+def test_chunked_prefill(card, rng, n_tok, initial):
+    """The chunked form over T tokens (tail chunk padded) from a zero or a carried state, Q8_1 copy too."""
+    layer = random_layer(SMALL, rng)
+    ref_state = random_state(SMALL, rng, zero=initial == "zero")
+    dev = DeviceGdn(card, layer, ref_state)
+    proj = random_projections(SMALL, n_tok, rng)
+    run_and_compare(dev, ref_state, proj, f"T={n_tok} from {initial}", recurrent=False, q8=True)
+    assert_states_close(dev.states(), ref_state, f"T={n_tok} from {initial}")
+
+
+@pytest.mark.parametrize("dims", shapes(SHAPE_9B, TINY, ODD))
+def test_chunked_prefill_shapes(card, rng, dims):
+    """Two prompt chunks (130 then 70 tokens, the second continuing the first's state) on other shapes."""
+    layer = random_layer(dims, rng)
+    ref_state = random_state(dims, rng)
+    dev = DeviceGdn(card, layer, ref_state)
+    for i, n_tok in enumerate((130, 70)):
+        proj = random_projections(dims, n_tok, rng)
+        run_and_compare(dev, ref_state, proj, f"{NAMES[dims]} prompt chunk {i}", recurrent=False)
+    assert_states_close(dev.states(), ref_state, NAMES[dims])
+
+
+def test_prefill_then_decode_equals_decode_only(card, rng):
+    """A prompt in two chunks (70 + 30 tokens) then 5 decode tokens, against the same 105 tokens decoded one
+    by one on the device: same outputs for the decoded tokens, same final states, and both match the
+    reference."""
+    layer = random_layer(SMALL, rng)
+    start = random_state(SMALL, rng, zero=True)
+    tokens = random_projections(SMALL, 105, rng)
+
+    def rows(lo: int, hi: int) -> Projections:
+        return Projections(SMALL, tokens.stacked[lo:hi])
+
+    ref_state = GdnLayerState(start.conv.copy(), start.recurrent.copy())
+    chunked = DeviceGdn(card, layer, start)
+    split = [(0, 70), (70, 100)] + [(t, t + 1) for t in range(100, 105)]
+    chunked_tail = [run_and_compare(chunked, ref_state, rows(lo, hi), f"tokens {lo}:{hi}") for lo, hi in split][-5:]
+
+    one_by_one = DeviceGdn(card, layer, start)
+    decoded = [one_by_one.step(rows(t, t + 1)) for t in range(105)][-5:]
+    for t, (a, b) in enumerate(zip(chunked_tail, decoded)):
+        assert_close(a, b, f"decode token {100 + t}: prefill-then-decode vs decode-only")
+    assert_states_close(chunked.states(), one_by_one.states(), "prefill-then-decode vs decode-only")
+    assert_states_close(chunked.states(), ref_state, "prefill-then-decode vs reference")
+
+
+def test_snapshot_and_restore_rewind_the_state(card, rng):
+    """Prefill, snapshot, decode three tokens, restore, decode them again: bit-identical outputs and states
+    (what speculative rollback relies on); zero() then gives a fresh sequence's state."""
+    layer = random_layer(SMALL, rng)
+    dev = DeviceGdn(card, layer, random_state(SMALL, rng, zero=True))
+    dev.step(random_projections(SMALL, 40, rng))
+    snapshot = alloc_gdn_state(card, SMALL, "test.gdn.snapshot")
+    snapshot.copy_from(dev.state)
+    drafts = [random_projections(SMALL, 1, rng) for _ in range(3)]
+    first = [dev.step(p) for p in drafts]
+    after_first = dev.states()
+    dev.state.copy_from(snapshot)
+    for i, p in enumerate(drafts):
+        assert_equal(dev.step(p), first[i], f"token {i} after restore")
+    again = dev.states()
+    assert_equal(again.conv, after_first.conv, "conv state after restore")
+    assert_equal(again.recurrent, after_first.recurrent, "recurrent state after restore")
+    dev.state.zero()
+    fresh = dev.states()
+    assert_equal(fresh.conv, np.zeros_like(fresh.conv), "zeroed conv state")
+    assert_equal(fresh.recurrent, np.zeros_like(fresh.recurrent), "zeroed recurrent state")

@@ -27,7 +27,8 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemm import gemm_q8
 from engine.cuda.gemv import alloc_q8_activations
-from engine.cuda.microbench import time_graph_ms, run_microbench
+from engine.cuda.microbench import run_microbench, time_graph_ms
+from engine.cuda.profile import kernel_breakdown
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.synthetic_weights import random_q8_weight
@@ -124,6 +125,8 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
             "fraction_of_read_ceiling": gbps / read_ceiling, "fraction_of_copy": gbps / micro["copy_gb_per_s"],
             "projected_cmp_tokens_per_s": CMP_READ_GBPS * 1e9 * (gbps / read_ceiling) / nbytes,
         }
+    fwd.set_batch(np.ones(1, np.int32), depths[0])
+    breakdown = kernel_breakdown(card, lambda: (fwd.run(1, seq), decoder.sampler.argmax(fwd.logits)))
     dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
     speedup = None
     if 4096 in prefill:
@@ -137,6 +140,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "projected_cmp_prefill_tokens_per_s": {n: tps / dp4a_ratio for n, tps in prefill.items()},
         "decode": decode,
         "prefill_4k_vs_fastest_decode": speedup,
+        "decode_kernel_breakdown": {"depth": depths[0], **breakdown},
         "qengine_cmp": QENGINE.get(shape),
         "microbench": micro,
     }
@@ -158,6 +162,10 @@ def render_table(r: dict[str, Any]) -> str:
     for depth, d in r["decode"].items():
         lines.append(f"{depth:>6}   {d['tokens_per_s']:>10.1f}   {d['gb_per_s']:>4.0f}   "
                      f"{100 * d['fraction_of_read_ceiling']:>14.0f}   {d['projected_cmp_tokens_per_s']:>17.1f}")
+    b = r["decode_kernel_breakdown"]
+    lines.append(f"decode step at depth {b['depth']}: {b['whole_us']:.0f} us whole, {b['sum_of_parts_us']:.0f} us as parts:")
+    for name, k in list(b["kernels"].items())[:8]:
+        lines.append(f"  {name:<28} x{k['launches']:<4} {k['us']:>7.0f} us")
     if r["prefill_4k_vs_fastest_decode"] is not None:
         lines.append(f"4K prefill is {r['prefill_4k_vs_fastest_decode']:.1f}x faster than decoding the same tokens")
     return "\n".join(lines)

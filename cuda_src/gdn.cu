@@ -29,6 +29,9 @@
 #define GDN_RECURRENT_COLS 16   // value columns per recurrent block: Hv * dv/16 blocks (256 for 9B, 384 for 27B)
 #define GDN_RECURRENT_ROW_GROUPS (GDN_RECURRENT_THREADS / GDN_RECURRENT_COLS)  // 16
 #define GDN_RECURRENT_ROWS (GDN_MAX_DK / GDN_RECURRENT_ROW_GROUPS)           // 8 state rows per thread
+// 4 resident blocks per SM caps the kernel at 64 registers (no spills; 79 unconstrained), so the 9B shape's
+// 256 blocks fit one wave on the CMP's 68 SMs
+#define GDN_RECURRENT_MIN_BLOCKS 4
 
 #define GDN_CHUNK 64            // chunk length of the parallel form (spec §6.8; same as the reference)
 #define GDN_CHUNK_THREADS 256   // 8 warps
@@ -160,7 +163,7 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // whole head: every block stores its raw o columns in y, and the last block of the head to finish (counted
 // in head_done[n], which it resets to 0 for the next launch) normalises the head's T rows in place.
 // head_done must be zeroed once when allocated, and launches sharing it must not run concurrently.
-extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS)
+extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, GDN_RECURRENT_MIN_BLOCKS)
 gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride,
               const float* __restrict__ b, long long b_stride, const float* __restrict__ alpha, long long alpha_stride,
               const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-TYPES = ("f32", "f16", "bf16", "q8_0")
+from engine.commands.convert import TYPES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

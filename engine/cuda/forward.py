@@ -19,7 +19,8 @@ import numpy as np
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.embedding import embed_q8_0
 from engine.cuda.gemm import gemm_q8
-from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8
+from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_head_counters, gdn_mixer
+from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8, quantize_q8_1
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
 from engine.gguf.config import ModelConfig
@@ -27,19 +28,9 @@ from engine.reference.rope import Rope
 
 F32 = 4
 NORM_THREADS_DECODE, NORM_THREADS_BATCH = 1024, 256
-GDN_CONV_THREADS, GDN_CONV_TILE = 256, 16  # gdn.cu: GDN_CONV_TILE
-GDN_RECURRENT_THREADS, GDN_RECURRENT_COLS = 256, 16  # gdn.cu
-GDN_CHUNK_THREADS, GDN_CHUNK_COLS = 256, 32  # gdn.cu
-GDN_CHUNK, GDN_MAX_DK = 64, 128
 ATTN_DECODE_THREADS, ATTN_PREFILL_THREADS, ATTN_PREFILL_ROWS = 128, 256, 64  # attention.cu
 SWIGLU_THREADS = 256
 MAX_PREFILL_SPLITS = 8
-
-
-def gdn_chunk_smem_bytes() -> int:
-    """GDN_CHUNK_SMEM_FLOATS of gdn.cu, in bytes."""
-    ldk, ldm, ldu = GDN_MAX_DK + 1, GDN_CHUNK + 1, GDN_CHUNK_COLS + 4
-    return 4 * (2 * GDN_CHUNK * ldk + GDN_CHUNK * ldm + GDN_CHUNK * ldu + 3 * GDN_CHUNK)
 
 
 class ForwardPass:
@@ -64,9 +55,8 @@ class ForwardPass:
         if c.gdn_layers:
             self.conv_out = card.alloc(F32 * max_tokens * c.ssm_conv_dim, "gdn.conv_out")
             self.gdn_y = card.alloc(F32 * max_tokens * c.ssm_d_inner, "gdn.y")
-            self.head_done = card.alloc(4 * c.ssm_n_v_heads, "gdn.head_done")
-            self.head_done.fill_zero()
-            card.kernel("gdn_chunk_prefill").set_max_dynamic_shared(gdn_chunk_smem_bytes())
+            self.gdn_dims = GdnDims.from_config(cfg)
+            self.head_done = alloc_head_counters(card, self.gdn_dims, "gdn.head_done")
         if c.attention_layers:
             self.inv_freq = card.upload(Rope(cfg).inv_freq.astype(np.float32), "rope.inv_freq")
             self.q_out = card.alloc(F32 * max_tokens * c.q_dim, "attn.q")
@@ -133,34 +123,16 @@ class ForwardPass:
         self._matmul(f.down, xf, self.h, n, residual=self.h)
 
     def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, seq: DeviceSequence) -> None:
-        c, card, state = self.cfg, self.card, seq.gdn[i]
+        c = self.cfg
         self._matmul(w.in_proj, x, self.proj, n)
-        mix, z, b, alpha = (self._segment(w.in_proj, s, n) for s in range(4))
-        card.kernel("gdn_conv_silu").launch(
-            (-(-c.ssm_conv_dim // GDN_CONV_THREADS), -(-n // GDN_CONV_TILE)), GDN_CONV_THREADS,
-            mix, np.int64(c.ssm_conv_dim), w.conv_w, state.conv, self.conv_out, np.int32(c.ssm_conv_dim), np.int32(n),
-        )
+        widths = (c.ssm_conv_dim, c.ssm_d_inner, c.ssm_n_v_heads, c.ssm_n_v_heads)
+        inputs = GdnInputs(*(Rows(self._segment(w.in_proj, s, n), widths[s]) for s in range(4)))
         y = self.q8[c.ssm_d_inner]
-        hv, dv, dk, hk = c.ssm_n_v_heads, c.ssm_d_head_v, c.ssm_d_state, c.ssm_n_k_heads
-        if n == 1:
-            card.kernel("gdn_recurrent").launch(
-                (hv, -(-dv // GDN_RECURRENT_COLS)), GDN_RECURRENT_THREADS,
-                self.conv_out, z, np.int64(c.ssm_d_inner), b, np.int64(hv), alpha, np.int64(hv),
-                w.ssm_a, w.dt_bias, w.ssm_norm, state.recurrent, self.gdn_y, y.xq, y.xd, self.head_done,
-                np.int32(n), np.int32(hk), np.int32(hv), np.int32(dk), np.int32(dv), np.float32(c.rms_eps),
-            )
-        else:
-            card.kernel("gdn_chunk_prefill").launch(
-                (hv, -(-dv // GDN_CHUNK_COLS)), GDN_CHUNK_THREADS,
-                self.conv_out, b, np.int64(hv), alpha, np.int64(hv), w.ssm_a, w.dt_bias, state.recurrent,
-                self.gdn_y, np.int64(c.ssm_d_inner), np.int32(n), np.int32(hk), np.int32(hv), np.int32(dk), np.int32(dv),
-                shared=gdn_chunk_smem_bytes(),
-            )
-            card.kernel("gdn_gated_norm").launch(
-                n * hv, -(-dv // 32) * 32,
-                self.gdn_y, np.int64(c.ssm_d_inner), z, np.int64(c.ssm_d_inner), w.ssm_norm, self.gdn_y,
-                np.int64(c.ssm_d_inner), y.xq, y.xd, np.int32(hv), np.int32(dv), np.float32(c.rms_eps),
-            )
+        fused_q8 = c.ssm_d_head_v % 32 == 0  # the fused Q8_1 output needs whole 32-blocks per head
+        gdn_mixer(self.card, self.gdn_dims, w, seq.gdn[i], inputs, self.conv_out, self.gdn_y, self.head_done, n,
+                  c.rms_eps, y_q8=y if fused_q8 else None)
+        if not fused_q8:
+            quantize_q8_1(self.card, self.gdn_y, y, n)
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
 
     def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seq: DeviceSequence) -> None:

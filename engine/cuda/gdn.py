@@ -3,8 +3,9 @@
 Per GDN layer and batch of T tokens a runner calls `gdn_mixer` (or its parts): the causal conv + SiLU,
 which also advances the conv state; then either the recurrent kernel (decode, short verify batches: the
 state stays in registers across the tokens) or the chunked form followed by the gated RMSNorm (prompt
-chunks). The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV. All state is fp32 on
-the device: conv [Kc-1][Cc] (oldest first) and recurrent [Hv][dk][dv] per sequence and layer.
+chunks). The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV. The state is a
+sequence's `GdnState` (engine.cuda.sequence): fp32 conv [Kc-1][Cc] (oldest first) and recurrent
+[Hv][dk][dv]; zeroing and snapshots are that module's driver memsets and copies.
 
 The four in-projection outputs can sit anywhere (a stacked GEMV output, an fp32 alpha/beta kernel's
 buffer): each is a `Rows` view with its own row stride.
@@ -13,12 +14,14 @@ buffer): each is a `Rows` view with its own row stride.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
 from engine.cuda.gemv import Q8Activations
 from engine.cuda.q8_layout import QK
+from engine.cuda.sequence import GdnState
 from engine.gguf.config import ModelConfig
 
 # Mirrors of the #defines in gdn.cu (a unit test checks them against the source).
@@ -75,74 +78,21 @@ class GdnDims:
     def cc(self) -> int:
         return 2 * self.ck + self.cv
 
-    @property
-    def conv_state_floats(self) -> int:
-        return (CONV_K - 1) * self.cc
+
+class GdnConstants(Protocol):
+    """The small fp32 tensors of a GDN layer on the device; `engine.cuda.weights.GdnWeights` is one."""
 
     @property
-    def recurrent_state_floats(self) -> int:
-        return self.n_v_heads * self.d_k * self.d_v
+    def conv_w(self) -> DeviceBuffer: ...  # [Cc][Kc]
 
+    @property
+    def ssm_a(self) -> DeviceBuffer: ...  # [Hv], already -exp(A_log)
 
-@dataclass(frozen=True)
-class GdnLayerWeights:
-    """The small fp32 constants of one GDN layer on the device (the matmul weights live with the GEMVs)."""
+    @property
+    def dt_bias(self) -> DeviceBuffer: ...  # [Hv]
 
-    conv_w: DeviceBuffer  # [Cc][Kc]
-    ssm_a: DeviceBuffer  # [Hv], already -exp(A_log)
-    dt_bias: DeviceBuffer  # [Hv]
-    norm_w: DeviceBuffer  # [dv]
-    eps: float  # rms_eps of the gated norm
-
-
-def upload_gdn_weights(
-    card: CudaCard, dims: GdnDims, conv_w: np.ndarray, ssm_a: np.ndarray, dt_bias: np.ndarray, norm_w: np.ndarray,
-    eps: float, label: str,
-) -> GdnLayerWeights:
-    """Upload the layer constants (numpy order: conv_w [Cc, Kc], as `ModelFile.tensor` returns it)."""
-    expected = {"conv_w": (dims.cc, CONV_K), "ssm_a": (dims.n_v_heads,), "dt_bias": (dims.n_v_heads,),
-                "norm_w": (dims.d_v,)}
-    arrays = {"conv_w": conv_w, "ssm_a": ssm_a, "dt_bias": dt_bias, "norm_w": norm_w}
-    for name, shape in expected.items():
-        if arrays[name].shape != shape:
-            raise ValueError(f"{label}.{name} has shape {arrays[name].shape}, expected {shape}")
-    up = {name: card.upload(np.asarray(a, dtype=np.float32), f"{label}.{name}") for name, a in arrays.items()}
-    return GdnLayerWeights(eps=float(eps), **up)
-
-
-@dataclass(frozen=True)
-class GdnState:
-    """One sequence's state for one GDN layer: conv [Kc-1][Cc] and recurrent [Hv][dk][dv], fp32.
-
-    A GDN state cannot be cut back to an earlier position (spec pitfall 10): rollback and prefix reuse
-    keep a snapshot, another GdnState filled with `copy_from`. Both operations are stream-ordered driver
-    memsets/copies, so they can also be captured in a graph.
-    """
-
-    conv: DeviceBuffer
-    recurrent: DeviceBuffer
-
-    def zero(self, stream: Stream | None = None) -> None:
-        """Back to a fresh sequence's state (spec §6.9)."""
-        self.conv.fill_zero(stream)
-        self.recurrent.fill_zero(stream)
-
-    def copy_from(self, other: "GdnState", stream: Stream | None = None) -> None:
-        """Become a copy of `other` (snapshot or restore, device to device)."""
-        if (self.conv.nbytes, self.recurrent.nbytes) != (other.conv.nbytes, other.recurrent.nbytes):
-            raise ValueError("GDN states of different layer shapes")
-        self.conv.copy_from(other.conv, stream=stream)
-        self.recurrent.copy_from(other.recurrent, stream=stream)
-
-
-def alloc_gdn_state(card: CudaCard, dims: GdnDims, label: str) -> GdnState:
-    """A zeroed state (a fresh sequence)."""
-    state = GdnState(
-        conv=card.alloc(F32 * dims.conv_state_floats, f"{label}.conv"),
-        recurrent=card.alloc(F32 * dims.recurrent_state_floats, f"{label}.recurrent"),
-    )
-    state.zero()
-    return state
+    @property
+    def ssm_norm(self) -> DeviceBuffer: ...  # [dv]
 
 
 def alloc_head_counters(card: CudaCard, dims: GdnDims, label: str) -> DeviceBuffer:
@@ -192,7 +142,10 @@ def _check_out(what: str, buf: DeviceBuffer, nbytes: int) -> None:
         raise ValueError(f"{what} buffer of {buf.nbytes} bytes < {nbytes} needed")
 
 
-def _q8_args(dims: GdnDims, y_q8: Q8Activations | None, n_tokens: int) -> tuple[DeviceBuffer | None, DeviceBuffer | None]:
+def _q8_args(
+    dims: GdnDims, y_q8: Q8Activations | None, n_tokens: int
+) -> tuple[DeviceBuffer | None, DeviceBuffer | None]:
+    """(xq, xd) for the kernels' optional Q8_1 output (null pointers when not asked for)."""
     if y_q8 is None:
         return None, None
     if dims.d_v % QK or y_q8.k != dims.cv or n_tokens > y_q8.max_tokens:
@@ -204,7 +157,7 @@ def _q8_args(dims: GdnDims, y_q8: Q8Activations | None, n_tokens: int) -> tuple[
 
 
 def gdn_conv_silu(
-    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, mix: Rows, conv_out: DeviceBuffer,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, mix: Rows, conv_out: DeviceBuffer,
     n_tokens: int, stream: Stream | None = None,
 ) -> None:
     """conv_out [T][Cc] = SiLU(causal conv of mix after the conv state); the conv state advances by T rows."""
@@ -219,11 +172,12 @@ def gdn_conv_silu(
 
 
 def gdn_recurrent(
-    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, conv_out: DeviceBuffer,
-    inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, y_q8: Q8Activations | None = None,
-    stream: Stream | None = None,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, conv_out: DeviceBuffer,
+    inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
+    y_q8: Q8Activations | None = None, stream: Stream | None = None,
 ) -> None:
-    """Token-by-token delta rule + gated norm: y [T][Cv] (and its Q8_1 copy); the recurrent state advances."""
+    """Token-by-token delta rule + gated norm (rms eps `eps`): y [T][Cv] (and its Q8_1 copy); the recurrent
+    state advances."""
     _check_tokens(n_tokens)
     inputs.check(dims, n_tokens)
     _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
@@ -233,14 +187,14 @@ def gdn_recurrent(
     card.kernel("gdn_recurrent").launch(
         (dims.n_v_heads, -(-dims.d_v // RECURRENT_COLS)), RECURRENT_THREADS, conv_out, inputs.z.buf,
         np.int64(inputs.z.stride), inputs.b.buf, np.int64(inputs.b.stride), inputs.alpha.buf,
-        np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.norm_w, state.recurrent, y, yq, yd,
+        np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm, state.recurrent, y, yq, yd,
         counters, np.int32(n_tokens), np.int32(dims.n_k_heads), np.int32(dims.n_v_heads), np.int32(dims.d_k),
-        np.int32(dims.d_v), np.float32(weights.eps), stream=stream,
+        np.int32(dims.d_v), np.float32(eps), stream=stream,
     )
 
 
 def gdn_chunk_prefill(
-    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, conv_out: DeviceBuffer,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, conv_out: DeviceBuffer,
     inputs: GdnInputs, o: DeviceBuffer, n_tokens: int, stream: Stream | None = None,
 ) -> None:
     """Chunked delta rule (spec §6.8) from the cached state: raw outputs o [T][Cv]; the recurrent state advances."""
@@ -259,28 +213,29 @@ def gdn_chunk_prefill(
 
 
 def gdn_gated_norm(
-    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, o: DeviceBuffer, z: Rows, y: DeviceBuffer, n_tokens: int,
-    y_q8: Q8Activations | None = None, stream: Stream | None = None,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, o: DeviceBuffer, z: Rows, y: DeviceBuffer, n_tokens: int,
+    eps: float, y_q8: Q8Activations | None = None, stream: Stream | None = None,
 ) -> None:
-    """y [T][Cv] = rmsnorm(o) * silu(z) per value head (and its Q8_1 copy); y may be o itself."""
+    """y [T][Cv] = rmsnorm(o, eps) * silu(z) per value head (and its Q8_1 copy); y may be o itself."""
     _check_tokens(n_tokens)
     z.check("z", dims.cv, n_tokens)
     _check_out("o", o, F32 * n_tokens * dims.cv)
     _check_out("y", y, F32 * n_tokens * dims.cv)
     yq, yd = _q8_args(dims, y_q8, n_tokens)
     card.kernel("gdn_gated_norm").launch(
-        n_tokens * dims.n_v_heads, NORM_THREADS, o, np.int64(dims.cv), z.buf, np.int64(z.stride), weights.norm_w, y,
-        np.int64(dims.cv), yq, yd, np.int32(dims.n_v_heads), np.int32(dims.d_v), np.float32(weights.eps),
+        n_tokens * dims.n_v_heads, NORM_THREADS, o, np.int64(dims.cv), z.buf, np.int64(z.stride), weights.ssm_norm, y,
+        np.int64(dims.cv), yq, yd, np.int32(dims.n_v_heads), np.int32(dims.d_v), np.float32(eps),
         stream=stream,
     )
 
 
 def gdn_mixer(
-    card: CudaCard, dims: GdnDims, weights: GdnLayerWeights, state: GdnState, inputs: GdnInputs,
-    conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, inputs: GdnInputs,
+    conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, recurrent: bool | None = None, stream: Stream | None = None,
 ) -> None:
-    """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv].
+    """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv]
+    (and its Q8_1 copy, the ssm_out GEMV's input). `eps` is the model's rms_eps.
 
     `recurrent` picks the delta-rule form (default: recurrent up to RECURRENT_MAX_TOKENS tokens); both are
     the same function of the inputs and the state, so the choice is only about speed.
@@ -288,8 +243,8 @@ def gdn_mixer(
     use_recurrent = n_tokens <= RECURRENT_MAX_TOKENS if recurrent is None else recurrent
     gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream)
     if use_recurrent:
-        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, y_q8, stream)
+        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream)
     else:
         gdn_chunk_prefill(card, dims, weights, state, conv_out, inputs, y, n_tokens, stream)
-        gdn_gated_norm(card, dims, weights, y, inputs.z, y, n_tokens, y_q8, stream)
+        gdn_gated_norm(card, dims, weights, y, inputs.z, y, n_tokens, eps, y_q8, stream)
 

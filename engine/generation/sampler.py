@@ -55,6 +55,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalty: the next token is the arg-max of the raw logits (GPU fast path)."""
+        return self.greedy and self.repetition_penalty == 1.0 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

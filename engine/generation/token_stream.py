@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Collection, Iterator, Sequence
 
+import numpy as np
+
 from engine.generation.backend import Backend
 from engine.generation.sampler import Sampler
 
@@ -55,6 +57,10 @@ class TokenStream:
         self.stats.prompt_tokens = len(self.prompt_ids)
         self.stats.prefill_seconds = time.perf_counter() - start
         self.stats.stop_reason = "length"
+        fast = getattr(self.backend, "decode_greedy", None)
+        if fast is not None and self.sampler.params.plain_greedy:
+            yield from self._greedy_on_device(fast, int(np.argmax(logits)), sequence)
+            return
         for step in range(self.max_tokens):
             start = time.perf_counter()
             token = self.sampler.sample(logits, history)
@@ -68,3 +74,22 @@ class TokenStream:
             self.stats.decode_seconds += time.perf_counter() - start
             self.stats.generated_tokens += 1
             yield token
+
+    def _greedy_on_device(self, decode_greedy, first: int, sequence) -> Iterator[int]:
+        """The backend's own greedy loop (only token ids cross PCIe); same stop rules and stats."""
+        if first in self.stop_ids:
+            self.stats.stop_reason = "stop"
+            return
+        self.stats.generated_tokens = 1
+        yield first
+        tokens = iter(decode_greedy(first, sequence, self.max_tokens - 1, stop_ids=self.stop_ids))
+        while True:
+            start = time.perf_counter()
+            token = next(tokens, None)
+            self.stats.decode_seconds += time.perf_counter() - start
+            if token is None:
+                break
+            self.stats.generated_tokens += 1
+            yield token
+        if self.stats.generated_tokens < self.max_tokens:
+            self.stats.stop_reason = "stop"

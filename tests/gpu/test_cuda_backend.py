@@ -139,3 +139,33 @@ def test_many_prompts_of_random_length_run_clean(models):
         gpu.card.synchronize()
     finally:
         gpu.close()
+
+
+def test_generate_cli_on_cuda_backend():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "generate", "--backend", "cuda", "--prompt", "Hello", "--max-tokens", "24"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "on the cuda backend" in result.stderr and "decode" in result.stderr
+
+
+def test_token_stream_greedy_fast_path_equals_eager_argmax(models):
+    from engine.generation.sampler import Sampler, SamplingParams
+    from engine.generation.token_stream import TokenStream
+
+    loaded = models["demo"]
+    prompt = np.random.default_rng(23).integers(0, loaded.config.vocab_size, 20).tolist()
+    gpu = CudaBackend(loaded, context=128, chunk=64)
+    try:
+        fast = list(TokenStream(gpu, prompt, Sampler(SamplingParams(temperature=0.0)), 30, stop_ids=()))
+        seq = gpu.new_sequence()
+        eager = [int(gpu.forward_last(prompt, seq).argmax())]
+        for _ in range(29):
+            eager.append(int(gpu.forward_last([eager[-1]], seq).argmax()))
+        assert fast == eager
+    finally:
+        gpu.close()

@@ -20,20 +20,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from engine.cuda.driver import DeviceBuffer
 from engine.cuda.gdn import (
     CONV_K,
     GdnDims,
     GdnInputs,
-    GdnState,
     Rows,
-    alloc_gdn_state,
     alloc_head_counters,
     gdn_conv_silu,
     gdn_mixer,
-    upload_gdn_weights,
 )
 from engine.cuda.gemv import alloc_q8_activations
 from engine.cuda.q8_layout import quantize_q8_1
+from engine.cuda.sequence import GdnState
 from engine.gguf.config import ModelConfig
 from engine.reference.activations import silu
 from engine.reference.gated_deltanet import GdnWeights, causal_conv, gated_deltanet
@@ -148,6 +147,21 @@ def reference_step(layer: Layer, proj: Projections, state: GdnLayerState) -> np.
     return gated_deltanet(weights, _config(layer.dims, layer.eps), np.zeros((proj.n_tokens, 0), np.float32), state)
 
 
+@dataclass(frozen=True)
+class DeviceConstants:
+    """A layer's small fp32 tensors on the card (the `GdnConstants` the launchers read)."""
+
+    conv_w: DeviceBuffer
+    ssm_a: DeviceBuffer
+    dt_bias: DeviceBuffer
+    ssm_norm: DeviceBuffer
+
+    @classmethod
+    def upload(cls, card, layer: Layer) -> "DeviceConstants":
+        return cls(*(card.upload(a, f"test.gdn.{name}") for name, a in (
+            ("conv_w", layer.conv_w), ("ssm_a", layer.ssm_a), ("dt_bias", layer.dt_bias), ("ssm_norm", layer.norm_w))))
+
+
 def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     """Max abs error within TOL x max|want|."""
     assert_within(got, want, TOL * max(float(np.max(np.abs(want))), 1e-30), what)
@@ -159,8 +173,7 @@ class DeviceGdn:
     def __init__(self, card, layer: Layer, state: GdnLayerState):
         d = layer.dims
         self.card, self.layer, self.dims = card, layer, d
-        self.weights = upload_gdn_weights(card, d, layer.conv_w, layer.ssm_a, layer.dt_bias, layer.norm_w, layer.eps,
-                                          "test.gdn")
+        self.weights = DeviceConstants.upload(card, layer)
         self.state = GdnState(conv=card.upload(state.conv, "test.gdn.conv"),
                               recurrent=card.upload(state.recurrent, "test.gdn.recurrent"))
         self.counters = alloc_head_counters(card, d, "test.gdn.counters")
@@ -177,7 +190,8 @@ class DeviceGdn:
         conv_out = card.alloc(F32 * n_tok * d.cc, "test.gdn.conv_out")
         y = card.alloc(F32 * n_tok * d.cv, "test.gdn.y")
         y_q8 = alloc_q8_activations(card, d.cv, n_tok, "test.gdn.y_q8") if q8 else None
-        gdn_mixer(card, d, self.weights, self.state, inputs, conv_out, y, self.counters, n_tok, y_q8, recurrent)
+        gdn_mixer(card, d, self.weights, self.state, inputs, conv_out, y, self.counters, n_tok, self.layer.eps, y_q8,
+                  recurrent)
         card.synchronize()
         if y_q8 is not None:
             self.last_q8 = (y_q8.xq.download(np.int8, (n_tok, d.cv)), y_q8.xd.download(np.float32, (n_tok, d.cv // 32)))
@@ -217,7 +231,7 @@ def test_conv_silu_carries_the_state(card, rng, n_tok):
     """Two batches of T tokens after a random conv state: outputs and the state after each batch."""
     dims = GdnDims(n_k_heads=1, n_v_heads=1, d_k=100, d_v=133)  # Cc = 333: no multiple of the block
     layer = random_layer(dims, rng)
-    weights = upload_gdn_weights(card, dims, layer.conv_w, layer.ssm_a, layer.dt_bias, layer.norm_w, layer.eps, "conv")
+    weights = DeviceConstants.upload(card, layer)
     want_state = rng.standard_normal((CONV_K - 1, dims.cc)).astype(np.float32)
     state = GdnState(conv=card.upload(want_state, "conv.state"), recurrent=card.alloc(F32, "conv.unused"))
     stride = dims.cc + 8
@@ -307,24 +321,24 @@ def test_prefill_then_decode_equals_decode_only(card, rng):
     assert_states_close(chunked.states(), ref_state, "prefill-then-decode vs reference")
 
 
-def test_snapshot_and_restore_rewind_the_state(card, rng):
-    """Prefill, snapshot, decode three tokens, restore, decode them again: bit-identical outputs and states
-    (what speculative rollback relies on); zero() then gives a fresh sequence's state."""
+def test_restored_state_replays_bit_for_bit(card, rng):
+    """Prefill, snapshot the state (device copies), decode three tokens, restore, decode them again: the
+    outputs and states repeat bit for bit, so the kernels keep nothing outside the state buffers (what
+    speculative rollback and prefix reuse rely on)."""
     layer = random_layer(SMALL, rng)
     dev = DeviceGdn(card, layer, random_state(SMALL, rng, zero=True))
     dev.step(random_projections(SMALL, 40, rng))
-    snapshot = alloc_gdn_state(card, SMALL, "test.gdn.snapshot")
-    snapshot.copy_from(dev.state)
+    snapshot = GdnState(conv=card.alloc(dev.state.conv.nbytes, "test.gdn.snap.conv"),
+                        recurrent=card.alloc(dev.state.recurrent.nbytes, "test.gdn.snap.recurrent"))
+    snapshot.conv.copy_from(dev.state.conv)
+    snapshot.recurrent.copy_from(dev.state.recurrent)
     drafts = [random_projections(SMALL, 1, rng) for _ in range(3)]
     first = [dev.step(p) for p in drafts]
     after_first = dev.states()
-    dev.state.copy_from(snapshot)
+    dev.state.conv.copy_from(snapshot.conv)
+    dev.state.recurrent.copy_from(snapshot.recurrent)
     for i, p in enumerate(drafts):
         assert_equal(dev.step(p), first[i], f"token {i} after restore")
     again = dev.states()
     assert_equal(again.conv, after_first.conv, "conv state after restore")
     assert_equal(again.recurrent, after_first.recurrent, "recurrent state after restore")
-    dev.state.zero()
-    fresh = dev.states()
-    assert_equal(fresh.conv, np.zeros_like(fresh.conv), "zeroed conv state")
-    assert_equal(fresh.recurrent, np.zeros_like(fresh.recurrent), "zeroed recurrent state")

@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
         path = args.model
     loaded = load_model(path)
     tokenizer = Tokenizer.from_model_file(loaded.file)
-    backend = open_backend(args.backend, loaded)
     context = loaded.config.context_length
     if args.raw:
         prompt_ids, thinking = tokenizer.encode(args.prompt, parse_special=True), False
@@ -76,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                                    enable_thinking=args.thinking, context_length=context)
         prompt_ids, thinking = prompt.token_ids, prompt.thinking
     max_tokens = min(args.max_tokens, context - len(prompt_ids))
+    backend = open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens)
 
     stream = TokenStream(backend, prompt_ids, Sampler(params), max_tokens, tokenizer.eos_ids)
     detok = IncrementalDetokenizer(tokenizer)
@@ -100,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     print(f"[rigllm] {loaded.path.name} on the {backend.name} backend, prompt {len(prompt_ids)} tokens", file=sys.stderr)
-    for token in stream:
-        show(parser.feed(detok.add(token)))
+    try:
+        for token in stream:
+            show(parser.feed(detok.add(token)))
+    finally:
+        backend.close()
     show(parser.feed(detok.flush()) + parser.finish())
     if in_reasoning:
         sys.stdout.write("\n</think>")

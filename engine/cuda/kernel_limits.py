@@ -21,6 +21,21 @@ HOT_KERNELS = frozenset(
     {
         "quantize_q8_1",
         *(f"gemv_q8_t{t}" for t in range(1, 9)),
+        "gemm_q8_0_q8_1",
+        "embed_q8_0",
+        "rmsnorm_q8_1",
+        "attn_prep",
+        "attn_decode_d256_g4",
+        "attn_decode_d256_g6",
+        "attn_prefill_d256",
+        "attn_merge_gate",
+        "swiglu_q8_1",
+        "gdn_conv_silu",
+        "gdn_recurrent",
+        "gdn_chunk_prefill",
+        "gdn_gated_norm",
+        "argmax_partial",
+        "argmax_final",
     }
 )
 

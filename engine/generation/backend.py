@@ -30,6 +30,9 @@ class Backend(Protocol):
     def forward_last(self, token_ids: Sequence[int], sequence: Any) -> np.ndarray:
         """Process `token_ids` continuing `sequence`; return the logits [V] of the last token only."""
 
+    def close(self) -> None:
+        """Release devices and memory; the backend is unusable afterwards."""
+
 
 class ReferenceBackend:
     """The numpy fp32 forward pass (engine.reference): slow, exact, the truth other backends match."""
@@ -49,9 +52,15 @@ class ReferenceBackend:
         hidden = self.model.forward_hidden(token_ids, sequence)
         return self.model.logits(hidden[-1:])[0]
 
+    def close(self) -> None:
+        """Nothing to release: the weights are ordinary numpy arrays."""
 
-def open_backend(name: str, loaded: LoadedModel) -> Backend:
-    """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference."""
+
+def open_backend(name: str, loaded: LoadedModel, context: int | None = None) -> Backend:
+    """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
+
+    `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
+    """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
 
@@ -65,5 +74,5 @@ def open_backend(name: str, loaded: LoadedModel) -> Backend:
         reason = gpu_unavailable_reason()
         if reason:
             raise RigllmError(f"the CUDA backend cannot run here: {reason}")
-        return CudaBackend(loaded)
+        return CudaBackend(loaded, context=context)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -13,8 +13,8 @@
 //          largest score, counting tokens;
 //   top-p  the same radix select weighing tokens by their weight instead of counting them: the cut
 //          is the first key (from the top) where the cumulative weight reaches top_p * total;
-//   min-p  a threshold found by bisection on the key with the reference's float64 predicate
-//          exp(s/T - smax/T) >= min_p (monotone in s), done by one thread.
+//   min-p  a threshold on the key found by a 256-way search with the reference's float64 predicate
+//          exp(s/T - smax/T) >= min_p (monotone in s).
 // The draw then walks the support in id order (the distribution is the same in any order).
 //
 // Weights: w = expf((s - smax) / T) in fp32 (the best token weighs exactly 1), summed as fixed-point
@@ -22,7 +22,7 @@
 // on every run: a replayed step draws the same token, and the partial sums of the draw pass agree
 // exactly with the sums the final search recomputes.
 //
-// RNG: counter-based, u = splitmix64(seed ^ splitmix64(counter)) / 2^64 (53 bits). `counter` lives in
+// RNG: counter-based, u = top 53 bits of splitmix64(seed ^ splitmix64(counter)) / 2^53. `counter` lives in
 // the parameter buffer and the draw advances it by one, so a captured graph draws fresh numbers on
 // every replay without host writes, and writing the counter back replays a draw exactly. Greedy
 // steps consume no number (like the reference).
@@ -277,7 +277,6 @@ sample_scores(const float* logits, const int* __restrict__ counts, const SampleP
     } else if (scores != logits) {
         for (int v = begin + (int)threadIdx.x; v < end; v += SAMPLE_THREADS) scores[v] = logits[v];
     }
-    __syncthreads();  // each thread rescans only its own writes, but keep the pass order explicit
     ArgmaxPartial acc = empty_partial();
     scan_slice(scores, begin, end, &acc);
     acc = block_reduce_argmax(acc);

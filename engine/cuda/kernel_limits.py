@@ -36,6 +36,12 @@ HOT_KERNELS = frozenset(
         "gdn_gated_norm",
         "argmax_partial",
         "argmax_final",
+        "sample_scores",
+        "sample_prepare",
+        "sample_hist",
+        "sample_select",
+        "sample_draw_partial",
+        "sample_draw",
     }
 )
 

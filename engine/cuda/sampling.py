@@ -120,7 +120,9 @@ class GpuSampler:
             raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
         k = self.card.kernel
         v, parts, t = np.int32(self.vocab), np.int32(self.parts), SAMPLE_THREADS
-        k("sample_scores").launch(self.parts, t, logits, self.counts, self.params, self.scores, self.partials, v, stream=stream)
+        k("sample_scores").launch(
+            self.parts, t, logits, self.counts, self.params, self.scores, self.partials, v, stream=stream
+        )
         k("sample_prepare").launch(
             1, t, self.partials, parts, self.params, self.state, self.hist, self.counts, self.token, stream=stream
         )
@@ -154,5 +156,7 @@ class GpuSampler:
         return self.params.download(PARAMS_DTYPE, 1)[0]
 
     def free(self) -> None:
-        for buf in (self.params, self.state, self.partials, self.draw_partials, self.hist, self.counts, self.scores, self.token):
+        for buf in (
+            self.params, self.state, self.partials, self.draw_partials, self.hist, self.counts, self.scores, self.token
+        ):
             buf.free()

@@ -150,7 +150,9 @@ CASES = {
     "penalties_k_p": (
         normal_logits,
         True,
-        SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.3),
+        SamplingParams(
+            temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.3
+        ),
     ),
 }
 DRAW_CASES = ["top_k20_t07", "qwen_defaults", "min_p005_t15", "no_filter", "tied_top_p07", "masked_top_p08", "penalties_k_p"]

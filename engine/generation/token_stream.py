@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Collection, Iterator, Sequence
 
-import numpy as np
 
 from engine.generation.backend import Backend
 from engine.generation.sampler import Sampler
@@ -57,9 +56,9 @@ class TokenStream:
         self.stats.prompt_tokens = len(self.prompt_ids)
         self.stats.prefill_seconds = time.perf_counter() - start
         self.stats.stop_reason = "length"
-        fast = getattr(self.backend, "decode_greedy", None)
-        if fast is not None and self.sampler.params.plain_greedy:
-            yield from self._greedy_on_device(fast, int(np.argmax(logits)), sequence)
+        on_device = getattr(self.backend, "decode_on_device", None)
+        if on_device is not None:
+            yield from self._on_device(on_device, sequence, history)
             return
         for step in range(self.max_tokens):
             start = time.perf_counter()
@@ -75,14 +74,9 @@ class TokenStream:
             self.stats.generated_tokens += 1
             yield token
 
-    def _greedy_on_device(self, decode_greedy, first: int, sequence) -> Iterator[int]:
-        """The backend's own greedy loop (only token ids cross PCIe); same stop rules and stats."""
-        if first in self.stop_ids:
-            self.stats.stop_reason = "stop"
-            return
-        self.stats.generated_tokens = 1
-        yield first
-        tokens = iter(decode_greedy(first, sequence, self.max_tokens - 1, stop_ids=self.stop_ids))
+    def _on_device(self, decode_on_device, sequence, history: list[int]) -> Iterator[int]:
+        """The backend chooses tokens itself (only ids cross PCIe); same stop rules and stats."""
+        tokens = iter(decode_on_device(sequence, self.sampler.params, history, self.max_tokens, self.stop_ids))
         while True:
             start = time.perf_counter()
             token = next(tokens, None)

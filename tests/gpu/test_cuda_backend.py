@@ -21,6 +21,7 @@ from engine.cuda.backend import CudaBackend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.shapes import shape_config
+from engine.generation.sampler import SamplingParams
 from engine.gguf.synthetic import write_random_model
 from engine.reference.activation_rounding import ActivationRounding
 from engine.reference.model import ReferenceModel
@@ -121,8 +122,8 @@ def test_graph_decode_equals_eager_decode(models):
             eager.append(token)
         seq = gpu.new_sequence()
         gpu.forward_last(prompt, seq)
-        graphed = list(gpu.decode_greedy(first, seq, 40))
-        assert graphed == eager
+        graphed = list(gpu.decode_on_device(seq, SamplingParams(temperature=0.0), prompt, 41))
+        assert graphed == [first] + eager
     finally:
         gpu.close()
 
@@ -154,7 +155,7 @@ def test_generate_cli_on_cuda_backend():
 
 
 def test_token_stream_greedy_fast_path_equals_eager_argmax(models):
-    from engine.generation.sampler import Sampler, SamplingParams
+    from engine.generation.sampler import Sampler
     from engine.generation.token_stream import TokenStream
 
     loaded = models["demo"]
@@ -167,5 +168,48 @@ def test_token_stream_greedy_fast_path_equals_eager_argmax(models):
         for _ in range(29):
             eager.append(int(gpu.forward_last([eager[-1]], seq).argmax()))
         assert fast == eager
+    finally:
+        gpu.close()
+
+
+def test_plan_is_made_before_loading_and_covers_what_was_allocated(models):
+    for name in ("demo", "0.8b"):
+        gpu = CudaBackend(models[name], context=4096, chunk=256)
+        try:
+            planned = gpu.plan.cards[0].total_bytes
+            actual = gpu.card.allocated_bytes
+            print(f"{name}: planned {planned / 2**20:.1f} MiB, allocated {actual / 2**20:.1f} MiB")
+            assert actual <= planned
+        finally:
+            gpu.close()
+
+
+def test_a_model_that_does_not_fit_is_refused_before_any_allocation(models):
+    from engine.errors import RigllmError
+
+    with pytest.raises(RigllmError, match="card|fit"):
+        CudaBackend(models["0.8b"], context=4096, card_bytes=900 * 2**20)
+
+
+def test_sampling_on_device_is_seeded_and_follows_top_k(models):
+    """Seeded draws replay exactly, other seeds differ, and every draw is among the top-k of its logits."""
+    loaded = models["demo"]
+    prompt = np.random.default_rng(29).integers(0, loaded.config.vocab_size, 15).tolist()
+    gpu = CudaBackend(loaded, context=128, chunk=64)
+
+    def draw(seed: int) -> list[int]:
+        seq = gpu.new_sequence()
+        gpu.forward_last(prompt, seq)
+        params = SamplingParams(temperature=1.0, top_k=5, seed=seed)
+        return list(gpu.decode_on_device(seq, params, prompt, 25))
+
+    try:
+        first, again, other = draw(1), draw(1), draw(2)
+        assert first == again and first != other
+        seq = gpu.new_sequence()
+        logits = gpu.forward_last(prompt, seq)
+        for token in first:  # teacher-forced: each draw must be a top-5 token of the logits it came from
+            assert token in np.argsort(logits)[-5:]
+            logits = gpu.forward_last([token], seq)
     finally:
         gpu.close()

@@ -14,25 +14,45 @@ per-kernel tests in this folder check each kernel tightly on its own.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
+from engine.generation.sampler import SamplingParams
+from engine.gguf.config import ModelConfig
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.shapes import shape_config
-from engine.generation.sampler import SamplingParams
 from engine.gguf.synthetic import write_random_model
+from engine.gguf.synthetic_vocab import QWEN35_VOCAB_SIZE
 from engine.reference.activation_rounding import ActivationRounding
 from engine.reference.model import ReferenceModel
 
 FLOOR_FACTOR = 2.0
 
 
+TINY_VARIANTS = ("gqa4-hv3-l6", "gqa4-hv2-l5-tied", "mha-hv1-tied")
+
+
+def tiny_config(variant: str) -> ModelConfig:
+    """The shape of a tiny transformers test model (head dim 32, GDN heads of 16, 4-6 layers), with the
+    real vocabulary size so the generated Qwen3.5 vocabulary fits."""
+    from engine.gguf.tiny_models import VARIANTS, hf_config
+
+    cfg = ModelConfig.from_hf_config(hf_config(VARIANTS[variant], {"<|endoftext|>": 0, "<|im_end|>": 1}))
+    return dataclasses.replace(cfg, vocab_size=QWEN35_VOCAB_SIZE)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    path_08 = write_random_model(tmp_path_factory.mktemp("m") / "r08.gguf", shape_config("0.8b"), seed=3)
-    return {"demo": load_model(ensure_demo_model()), "0.8b": load_model(path_08)}
+    folder = tmp_path_factory.mktemp("m")
+    out = {"demo": load_model(ensure_demo_model()),
+           "0.8b": load_model(write_random_model(folder / "r08.gguf", shape_config("0.8b"), seed=3))}
+    for variant in TINY_VARIANTS:
+        out[variant] = load_model(write_random_model(folder / f"{variant}.gguf", tiny_config(variant), seed=4))
+    return out
 
 
 def rel_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -54,7 +74,9 @@ def run_forced(step, prompt: list[int], continuation: list[int]) -> list[np.ndar
     return out
 
 
-@pytest.mark.parametrize("name, prompt_len, steps", [("demo", 70, 64), ("0.8b", 65, 64)])
+@pytest.mark.parametrize(
+    "name, prompt_len, steps", [("demo", 70, 64), ("0.8b", 65, 64)] + [(v, 70, 64) for v in TINY_VARIANTS]
+)
 def test_logits_match_reference_with_teacher_forcing(models, name, prompt_len, steps):
     loaded = models[name]
     prompt = np.random.default_rng(0).integers(0, loaded.config.vocab_size, prompt_len).tolist()

@@ -121,18 +121,19 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
 
 // One entry point per token count T. R rows per warp and U slices in flight per lane are tuned per T: more
 // tokens need more accumulators (R * T) and more activation loads per weight load, so U shrinks and, at T >= 5,
-// R grows to reuse each activation word across 4 rows. MIN_BLOCKS caps registers (65536 / (128 * MIN_BLOCKS)) so
-// enough warps stay resident to keep HBM busy; each choice is the largest that ptxas 12.9 fits without spilling
-// on sm_70 (T = 1 at 8 blocks spilled 8 bytes, so it runs 7: 72 registers, 28 warps per SM, U * R = 8 loads of
-// 16 bytes in flight per lane). engine/cuda/gemv.py mirrors (T, R) to size grids; a unit test
+// R grows to reuse each activation word across 4 rows. MIN_BLOCKS caps registers (65536 / (THREADS * MIN_BLOCKS))
+// so enough warps stay resident to keep HBM busy; each choice is the largest that ptxas 12.9 fits without
+// spilling on sm_70 (T = 1 at 8 blocks spilled 8 bytes, so it runs 7: 72 registers, 28 warps per SM, U * R = 8
+// loads of 16 bytes in flight per lane). engine/cuda/gemv.py mirrors (T, R) to size grids; a unit test
 // checks the two agree. Block size is 128 threads (4 warps).
-#define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS)                                                                       \
-    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) gemv_q8_t##T(                                   \
+#define RIGLLM_GEMV_Q8_KERNEL(NAME, T, R, U, THREADS, MIN_BLOCKS)                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                                       \
         const signed char* __restrict__ wq, const __half* __restrict__ wd, const signed char* __restrict__ xq,    \
         const float* __restrict__ xd, float* y, const float* residual, int rows, int K, int end0, int end1,        \
         int end2) {                                                                                               \
         gemv_q8_body<T, R, U>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2);                            \
     }
+#define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS) RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T, T, R, U, 128, MIN_BLOCKS)
 
 RIGLLM_GEMV_Q8(1, 2, 4, 7)
 RIGLLM_GEMV_Q8(2, 2, 2, 8)
@@ -142,3 +143,25 @@ RIGLLM_GEMV_Q8(5, 4, 1, 4)
 RIGLLM_GEMV_Q8(6, 4, 1, 4)
 RIGLLM_GEMV_Q8(7, 4, 1, 4)
 RIGLLM_GEMV_Q8(8, 4, 1, 4)
+
+// Decode (T = 1) alternatives, timed against gemv_q8_t1 by engine.cuda.microbench.gemv_sweep; gemv.py's
+// GEMV_T1_VARIANTS mirrors (name, R, THREADS) and DECODE_GEMV names the one decode launches. Small decode
+// matrices (4096 rows) fill the card only when warps are many and each finishes in few load rounds, so the grid
+// trades rows per warp (fewer rows: more warps) against loads in flight per lane (more: fewer rounds, more
+// registers, fewer resident warps). The _w2 variants use 64-thread blocks: finer blocks spread a small grid
+// more evenly over the SMs. MIN_BLOCKS is again the largest without spills on sm_70, but THREADS * MIN_BLOCKS
+// stays <= 1024, sm_75's threads per SM (the same PTX is assembled for every target and ptxas warns past it).
+// Splitting K across warps is left out: at one row per warp every 9B/27B matrix (>= 4096 rows) already gives
+// about as many warps as an H200 keeps resident (132 SMs x 32-48), so a split would mostly add a reduction.
+#define RIGLLM_GEMV_Q8_T1(SUFFIX, R, U, THREADS, MIN_BLOCKS) \
+    RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t1_##SUFFIX, 1, R, U, THREADS, MIN_BLOCKS)
+
+RIGLLM_GEMV_Q8_T1(r1_u2, 1, 2, 128, 8)
+RIGLLM_GEMV_Q8_T1(r1_u4, 1, 4, 128, 8)
+RIGLLM_GEMV_Q8_T1(r1_u8, 1, 8, 128, 8)
+RIGLLM_GEMV_Q8_T1(r2_u2, 2, 2, 128, 8)
+RIGLLM_GEMV_Q8_T1(r2_u8, 2, 8, 128, 4)
+RIGLLM_GEMV_Q8_T1(r4_u2, 4, 2, 128, 6)
+RIGLLM_GEMV_Q8_T1(r4_u4, 4, 4, 128, 4)
+RIGLLM_GEMV_Q8_T1(r1_u8_w2, 1, 8, 64, 16)
+RIGLLM_GEMV_Q8_T1(r2_u4_w2, 2, 4, 64, 14)

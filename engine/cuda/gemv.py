@@ -21,6 +21,33 @@ GEMV_THREADS = 128
 # Only grid sizes depend on it; the kernel strides over row groups, so a mismatch costs speed, not results.
 GEMV_ROWS_PER_WARP = {1: 2, 2: 2, 3: 2, 4: 2, 5: 4, 6: 4, 7: 4, 8: 4}
 MAX_GEMV_TOKENS = max(GEMV_ROWS_PER_WARP)
+
+
+@dataclass(frozen=True)
+class GemvLaunch:
+    """What the host needs to size a GEMV kernel's grid: rows per warp and threads per block."""
+
+    rows_per_warp: int
+    threads: int
+
+
+# The decode (T = 1) kernels that can be swapped in: name -> launch shape. Mirrors the
+# RIGLLM_GEMV_Q8_T1(suffix, R, U, THREADS, ...) lines of gemv_q8.cu (a unit test checks it);
+# `microbench.gemv_sweep` times them all. DECODE_GEMV is the one every T = 1 GEMV launches by
+# default: switching decode to a faster variant is changing that one name.
+GEMV_T1_VARIANTS = {
+    "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
+    "gemv_q8_t1_r1_u2": GemvLaunch(1, 128),
+    "gemv_q8_t1_r1_u4": GemvLaunch(1, 128),
+    "gemv_q8_t1_r1_u8": GemvLaunch(1, 128),
+    "gemv_q8_t1_r2_u2": GemvLaunch(2, 128),
+    "gemv_q8_t1_r2_u8": GemvLaunch(2, 128),
+    "gemv_q8_t1_r4_u2": GemvLaunch(4, 128),
+    "gemv_q8_t1_r4_u4": GemvLaunch(4, 128),
+    "gemv_q8_t1_r1_u8_w2": GemvLaunch(1, 64),
+    "gemv_q8_t1_r2_u4_w2": GemvLaunch(2, 64),
+}
+DECODE_GEMV = "gemv_q8_t1"
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 
@@ -117,14 +144,25 @@ def gemv_q8(
     residual: DeviceBuffer | None = None,
     stream: Stream | None = None,
     max_blocks: int | None = None,
+    variant: str | None = None,
 ) -> None:
     """y = W x (+ residual) for n_tokens (1..8) tokens; outputs split per stacked matrix (see module docstring).
 
     `residual` has the output's layout and may be `y` itself. `max_blocks` caps the grid (the kernel
-    strides over row groups), e.g. to leave SMs to a concurrent stream.
+    strides over row groups), e.g. to leave SMs to a concurrent stream. `variant` names a kernel of
+    GEMV_T1_VARIANTS for n_tokens = 1 (default DECODE_GEMV); every variant computes the same sums.
     """
     if n_tokens not in GEMV_ROWS_PER_WARP:
         raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
+    if n_tokens == 1:
+        kernel = DECODE_GEMV if variant is None else variant
+        if kernel not in GEMV_T1_VARIANTS:
+            raise ValueError(f"unknown T=1 GEMV variant {kernel!r}; known: {', '.join(GEMV_T1_VARIANTS)}")
+        launch = GEMV_T1_VARIANTS[kernel]
+    elif variant is not None:
+        raise ValueError(f"GEMV variants exist for one token only, not {n_tokens}")
+    else:
+        kernel, launch = f"gemv_q8_t{n_tokens}", GemvLaunch(GEMV_ROWS_PER_WARP[n_tokens], GEMV_THREADS)
     if x.k != w.k or n_tokens > x.max_tokens:
         raise ValueError(f"activations of width {x.k} for {x.max_tokens} tokens do not fit W [{w.rows}, {w.k}] x {n_tokens}")
     out_bytes = 4 * w.rows * n_tokens
@@ -132,13 +170,13 @@ def gemv_q8(
         if buf is not None and buf.nbytes < out_bytes:
             raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
     ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
-    rows_per_block = GEMV_ROWS_PER_WARP[n_tokens] * (GEMV_THREADS // 32)
+    rows_per_block = launch.rows_per_warp * (launch.threads // 32)
     grid = (w.rows + rows_per_block - 1) // rows_per_block
     if max_blocks is not None:
         grid = max(1, min(grid, max_blocks))
-    card.kernel(f"gemv_q8_t{n_tokens}").launch(
+    card.kernel(kernel).launch(
         grid,
-        GEMV_THREADS,
+        launch.threads,
         w.qs,
         w.d,
         x.xq,

@@ -5,20 +5,23 @@
 - GEMV bandwidth: `gemv_q8_t1` on every weight matrix of one decode step of a model shape (stacked as
   the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
   repeats, replayed from a CUDA graph and timed with CUDA events; plus the whole step's GEMV bytes
-  over its summed GEMV time.
+  over its summed GEMV time;
+- GEMV sweep (`gemv_sweep`): the same measurement for every T=1 kernel variant (gemv.GEMV_T1_VARIANTS),
+  to choose gemv.DECODE_GEMV.
 Projected numbers for other cards (e.g. the CMP 100-210) are fractions of these measured ceilings.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.gemv import Q8Activations, alloc_q8_activations, gemv_q8
+from engine.cuda.gemv import DECODE_GEMV, GEMV_T1_VARIANTS, Q8Activations, alloc_q8_activations, gemv_q8
 from engine.cuda.synthetic_weights import random_q8_weight
 from engine.cuda.q8_layout import QK
 from engine.gguf.config import ModelConfig
@@ -114,14 +117,23 @@ def _random_activations(card: CudaCard, k: int, seed: int) -> Q8Activations:
     return act
 
 
-def gemv_bandwidth(card: CudaCard, shape: GemvShape, reps: int = 20, l2_multiple: int = 4) -> dict[str, Any]:
-    """Achieved read bandwidth of the T=1 GEMV on `shape`, over copies totalling >= l2_multiple x L2."""
+def gemv_bandwidths(
+    card: CudaCard, shape: GemvShape, variants: Sequence[str], reps: int = 20, l2_multiple: int = 4
+) -> list[dict[str, Any]]:
+    """Achieved read bandwidth of each T=1 GEMV kernel in `variants` on `shape`, one record each.
+
+    Every variant runs on the same weights: copies totalling >= l2_multiple x L2, rotated so that no
+    launch finds its matrix in L2, as a decode step (which reads each matrix once) never does.
+    """
     copies = max(2, min(8, math.ceil(l2_multiple * card.l2_bytes / shape.weight_bytes)))
     weights = [random_q8_weight(card, (shape.rows,), shape.k, 1000 + i, f"bench.{shape.name}.{i}") for i in range(copies)]
     x = _random_activations(card, shape.k, 7)
     y: DeviceBuffer = card.alloc(4 * shape.rows, "bench.y")
     try:
-        ms = time_graph_ms(card, reps, lambda i: gemv_q8(card, weights[i % copies], x, y, 1))
+        ms = {
+            v: time_graph_ms(card, reps, lambda i, v=v: gemv_q8(card, weights[i % copies], x, y, 1, variant=v))
+            for v in variants
+        }
     finally:
         for w in weights:
             w.qs.free()
@@ -129,15 +141,64 @@ def gemv_bandwidth(card: CudaCard, shape: GemvShape, reps: int = 20, l2_multiple
         for buf in (x.xq, x.xd, y):
             buf.free()
     read = shape.weight_bytes + shape.k + 4 * (shape.k // QK)
+    return [
+        {
+            "name": shape.name,
+            "kernel": v,
+            "rows": shape.rows,
+            "k": shape.k,
+            "count_per_token": shape.count,
+            "copies": copies,
+            "bytes": read,
+            "us": ms[v] * 1e3,
+            "gb_per_s": read / (ms[v] * 1e-3) / 1e9,
+        }
+        for v in variants
+    ]
+
+
+def gemv_bandwidth(card: CudaCard, shape: GemvShape, reps: int = 20, l2_multiple: int = 4) -> dict[str, Any]:
+    """Achieved read bandwidth of the decode GEMV (gemv.DECODE_GEMV) on `shape`."""
+    [record] = gemv_bandwidths(card, shape, (DECODE_GEMV,), reps, l2_multiple)
+    return record
+
+
+def gemv_sweep(card: CudaCard, shape: str = "9b", reps: int = 50) -> dict[str, Any]:
+    """Every T=1 GEMV variant on every decode matrix of `shape`: GB/s per matrix, GEMV µs per token, the best.
+
+    `per_token_us[v]` is one decode token's GEMV time if every GEMV ran variant v (each matrix's time
+    times its launches per token); `best_per_matrix_us` is the time if each matrix ran its own best.
+    JSON-ready; pick the variant with the lowest per_token_us for gemv.DECODE_GEMV.
+    """
+    variants = tuple(GEMV_T1_VARIANTS)
+    matrices = []
+    per_token_us = dict.fromkeys(variants, 0.0)
+    best_per_matrix_us = 0.0
+    for s in decode_gemvs(shape_config(shape)):
+        records = gemv_bandwidths(card, s, variants, reps)
+        us = {r["kernel"]: r["us"] for r in records}
+        best = min(us, key=us.__getitem__)
+        for v in variants:
+            per_token_us[v] += us[v] * s.count
+        best_per_matrix_us += us[best] * s.count
+        matrices.append({
+            "name": s.name,
+            "rows": s.rows,
+            "k": s.k,
+            "count_per_token": s.count,
+            "gb_per_s": {r["kernel"]: round(r["gb_per_s"], 1) for r in records},
+            "best": best,
+            "best_vs_default": round(us[DECODE_GEMV] / us[best], 3),
+        })
+    ranking = sorted(variants, key=per_token_us.__getitem__)
     return {
-        "name": shape.name,
-        "rows": shape.rows,
-        "k": shape.k,
-        "count_per_token": shape.count,
-        "copies": copies,
-        "bytes": read,
-        "us": ms * 1e3,
-        "gb_per_s": read / (ms * 1e-3) / 1e9,
+        "device": card.device_name,
+        "shape": shape,
+        "default": DECODE_GEMV,
+        "matrices": matrices,
+        "per_token_us": {v: round(per_token_us[v], 2) for v in ranking},
+        "best": ranking[0],
+        "best_per_matrix_us": round(best_per_matrix_us, 2),
     }
 
 

@@ -47,7 +47,9 @@ GEMV_T1_VARIANTS = {
     "gemv_q8_t1_r1_u8_w2": GemvLaunch(1, 64),
     "gemv_q8_t1_r2_u4_w2": GemvLaunch(2, 64),
 }
-DECODE_GEMV = "gemv_q8_t1"
+# Chosen by `gemv_sweep` on the H200 (2026-11-30, tests/gpu/results/2026-11-30-h200-gemv-sweep.json):
+# 2293 us of GEMV per 9B decode token against 2417 us for the first setting (r2_u4).
+DECODE_GEMV = "gemv_q8_t1_r4_u2"
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 

@@ -7,7 +7,8 @@ The tolerance is measured, not guessed. Rounding every matmul input to 8 bits ma
 model discontinuous: a 1e-6 relative change of the embeddings flips a few Q8 roundings, and the flips
 grow layer by layer (demo model: 2.4e-5 change in exact fp32, 6.4e-2 in kernel-rounding mode). So the
 test first measures that noise floor for the same model and tokens — the reference against itself
-with embeddings perturbed by 1e-6 — and requires the GPU to stay within twice that floor. A wrong
+with embeddings perturbed by 1e-6 and 1e-5 (PERTURBATIONS) — and requires the GPU to stay within twice
+that floor plus fp32 agreement (1e-5). A wrong
 kernel (a bad RoPE section, a missing norm, a swapped gate) moves logits by O(1), far above it; the
 per-kernel tests in this folder check each kernel tightly on its own.
 """
@@ -31,6 +32,11 @@ from engine.reference.activation_rounding import ActivationRounding
 from engine.reference.model import ReferenceModel
 
 FLOOR_FACTOR = 2.0
+# Embedding perturbations that stand for "numerically the same computation": fp32 sums over K = 64..12288
+# terms in another order differ by about 1e-7 to 1e-5 relative. Small models have few values near a Q8
+# rounding boundary, so 1e-6 alone can flip none; the floor is the larger of the two effects.
+PERTURBATIONS = (1e-6, 1e-5)
+FP32_AGREEMENT = 1e-5  # below this the two backends agree as fp32 implementations do
 
 
 TINY_VARIANTS = ("gqa4-hv3-l6", "gqa4-hv2-l5-tied", "mha-hv1-tied")
@@ -88,9 +94,12 @@ def test_logits_match_reference_with_teacher_forcing(models, name, prompt_len, s
         continuation.append(int(want[-1].argmax()))
         want.append(ref.forward([continuation[-1]], state)[-1])
 
-    noisy = reference(loaded, perturb=1e-6)
-    noisy_state = noisy.new_state()
-    floor = [rel_error(got, w) for got, w in zip(run_forced(lambda t: noisy.forward(t, noisy_state)[-1], prompt, continuation), want)]
+    floor = np.zeros(len(want))
+    for size in PERTURBATIONS:
+        noisy = reference(loaded, perturb=size)
+        noisy_state = noisy.new_state()
+        noisy_out = run_forced(lambda t: noisy.forward(t, noisy_state)[-1], prompt, continuation)
+        floor = np.maximum(floor, [rel_error(n, w) for n, w in zip(noisy_out, want)])
 
     gpu = CudaBackend(loaded, context=prompt_len + steps + 8, chunk=64)
     try:
@@ -102,11 +111,12 @@ def test_logits_match_reference_with_teacher_forcing(models, name, prompt_len, s
     agree = sum(int(g.argmax()) == int(w.argmax()) for g, w in zip(got, want))
     print(f"{name}: GPU rel error max {max(errors):.2e} median {np.median(errors):.2e} "
           f"(noise floor max {max(floor):.2e} median {np.median(floor):.2e}); top-1 agree {agree}/{len(want)}")
-    assert max(errors) < FLOOR_FACTOR * max(floor)
-    assert np.median(errors) < FLOOR_FACTOR * np.median(floor)
+    limit = FLOOR_FACTOR * max(floor) + FP32_AGREEMENT
+    assert max(errors) < limit
+    assert np.median(errors) < FLOOR_FACTOR * np.median(floor) + FP32_AGREEMENT
     for g, w in zip(got, want):
         top2 = np.sort(w)[-2:]
-        if (top2[1] - top2[0]) / np.abs(w).max() > 2 * FLOOR_FACTOR * max(floor):
+        if (top2[1] - top2[0]) / np.abs(w).max() > 2 * limit:
             assert int(g.argmax()) == int(w.argmax())
 
 

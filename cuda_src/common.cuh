@@ -2,7 +2,7 @@
 // of the per-step buffer that CUDA-graph replays read (contracts.md "CUDA graphs").
 //
 // Rules for everything under cuda_src/ (architecture.md, contracts.md): compiles for compute_70 with NVRTC 12.9;
-// no tensor-core instruction (mma/wmma/ldmatrix); no <stdint.h> (NVRTC cannot open it: use <cuda/std/cstdint>
+// no tensor-core instruction (engine/cuda/kernel_limits.py lists the banned opcodes); no <stdint.h> (NVRTC cannot open it: use <cuda/std/cstdint>
 // or plain int/long long); size_t for offsets that can pass 2^31; no grid.y/grid.z that grows with context.
 #pragma once
 

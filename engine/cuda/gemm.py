@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
-from engine.cuda.gemv import MAX_SEGMENTS, Q8Activations, Q8Weight
+from engine.cuda.gemv import Q8Activations, Q8Weight, matmul_args
 
 # Mirrors GEMM_BR / GEMM_BT / GEMM_THREADS in gemm_q8.cu: one CTA computes a 64-row x 64-token tile.
 GEMM_TILE_ROWS = 64
@@ -35,15 +35,7 @@ def gemm_q8(
     stream: Stream | None = None,
 ) -> None:
     """y = W x (+ residual) for n_tokens tokens; `residual` has the output's layout and may be `y`."""
-    if not 1 <= n_tokens <= x.max_tokens:
-        raise ValueError(f"n_tokens {n_tokens} outside 1..{x.max_tokens} of the activation buffer")
-    if x.k != w.k:
-        raise ValueError(f"activations of width {x.k} do not fit W [{w.rows}, {w.k}]")
-    out_bytes = 4 * w.rows * n_tokens
-    for name, buf in (("output", y), ("residual", residual)):
-        if buf is not None and buf.nbytes < out_bytes:
-            raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
-    ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
+    ends = matmul_args(w, x, y, n_tokens, residual)
     card.kernel("gemm_q8_0_q8_1").launch(
         gemm_grid(w.rows, n_tokens),
         GEMM_THREADS,
@@ -55,7 +47,7 @@ def gemm_q8(
         residual,
         np.int32(w.rows),
         np.int32(w.k),
-        *(np.int32(e) for e in ends),
+        *ends,
         np.int32(n_tokens),
         stream=stream,
     )

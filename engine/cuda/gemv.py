@@ -137,6 +137,21 @@ def quantize_q8_1(
     )
 
 
+def matmul_args(w: Q8Weight, x: Q8Activations, y: DeviceBuffer, n_tokens: int,
+                residual: DeviceBuffer | None) -> list[np.int32]:
+    """Check a GEMV/GEMM call's shapes and buffer sizes; return the segment-end arguments both kernels take."""
+    if not 1 <= n_tokens <= x.max_tokens:
+        raise ValueError(f"n_tokens {n_tokens} outside 1..{x.max_tokens} of the activation buffer")
+    if x.k != w.k:
+        raise ValueError(f"activations of width {x.k} do not fit W [{w.rows}, {w.k}]")
+    out_bytes = 4 * w.rows * n_tokens
+    for name, buf in (("output", y), ("residual", residual)):
+        if buf is not None and buf.nbytes < out_bytes:
+            raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
+    ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
+    return [np.int32(e) for e in ends]
+
+
 def gemv_q8(
     card: CudaCard,
     w: Q8Weight,
@@ -165,13 +180,7 @@ def gemv_q8(
         raise ValueError(f"GEMV variants exist for one token only, not {n_tokens}")
     else:
         kernel, launch = f"gemv_q8_t{n_tokens}", GemvLaunch(GEMV_ROWS_PER_WARP[n_tokens], GEMV_THREADS)
-    if x.k != w.k or n_tokens > x.max_tokens:
-        raise ValueError(f"activations of width {x.k} for {x.max_tokens} tokens do not fit W [{w.rows}, {w.k}] x {n_tokens}")
-    out_bytes = 4 * w.rows * n_tokens
-    for name, buf in (("output", y), ("residual", residual)):
-        if buf is not None and buf.nbytes < out_bytes:
-            raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
-    ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
+    ends = matmul_args(w, x, y, n_tokens, residual)
     rows_per_block = launch.rows_per_warp * (launch.threads // 32)
     grid = (w.rows + rows_per_block - 1) // rows_per_block
     if max_blocks is not None:
@@ -187,6 +196,6 @@ def gemv_q8(
         residual,
         np.int32(w.rows),
         np.int32(w.k),
-        *(np.int32(e) for e in ends),
+        *ends,
         stream=stream,
     )

@@ -77,17 +77,17 @@ class CudaBackend:
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = chunk
         self.card = CudaCard(card_index, capacity_bytes=card_bytes)
-        try:
+        try:  # a failed load must not leave the context pushed (pycuda aborts the process at exit)
             self.plan = self._plan(loaded)
             self.weights = upload_weights(self.card, loaded.file, cfg)
+            self.fwd = ForwardPass(self.card, cfg, self.weights, chunk)
+            self.sampler = GpuSampler(self.card, cfg.vocab_size)
+            self.slot = DeviceSequence(self.card, cfg, self.context)
+            self.greedy_decoder = DecodeGraph(self.fwd, self.sampler, self.slot)
+            self.sampling_decoder = DecodeGraph(self.fwd, self.sampler, self.slot, sample=True)
         except BaseException:
             self.card.close()
             raise
-        self.fwd = ForwardPass(self.card, cfg, self.weights, chunk)
-        self.sampler = GpuSampler(self.card, cfg.vocab_size)
-        self.slot = DeviceSequence(self.card, cfg, self.context)
-        self.greedy_decoder = DecodeGraph(self.fwd, self.sampler, self.slot)
-        self.sampling_decoder = DecodeGraph(self.fwd, self.sampler, self.slot, sample=True)
 
     def _plan(self, loaded: LoadedModel) -> MemoryPlan:
         """The memory plan for this card, made before any allocation; refuses what will not fit."""

@@ -34,6 +34,7 @@ __device__ __forceinline__ float rms_inverse(float sum_sq, int n, float eps) {
 // for x, `out_stride` for y and xq (xd uses out_stride/32), so two norms can fill the halves of one
 // row (the MTP block's concatenated input). Quantising requires n and out_stride to be multiples of
 // 32. Any block size that is a multiple of 32 works; use 1024 for a single row (decode), 256 for many.
+// grid (T, S): S > 1 splits each row's output between S blocks (see the loop), the same bits either way.
 extern "C" __global__ void rmsnorm_q8_1(const float* __restrict__ x, int in_stride, const float* __restrict__ w,
                                         int n, float eps, float* __restrict__ y, signed char* __restrict__ xq,
                                         float* __restrict__ xd, int out_stride) {
@@ -46,7 +47,10 @@ extern "C" __global__ void rmsnorm_q8_1(const float* __restrict__ x, int in_stri
     const size_t out_row = (size_t)blockIdx.x * out_stride;
     const int lane = threadIdx.x & 31;
     const int n_blocks = (n + 31) >> 5;
-    for (int b = threadIdx.x >> 5; b < n_blocks; b += blockDim.x >> 5) {  // one warp per 32-value block
+    // gridDim.y blocks may share a row (decode: one row is too little work for one block): each computes
+    // the same sum of squares in the same order, then writes every gridDim.y-th warp's share of the row.
+    const int warps = blockDim.x >> 5;
+    for (int b = (threadIdx.x >> 5) + blockIdx.y * warps; b < n_blocks; b += warps * gridDim.y) {  // a warp per 32-block
         const int i = b * 32 + lane;
         const float v = i < n ? (xr[i] * inv) * w[i] : 0.f;
         if (y != nullptr && i < n) y[out_row + i] = v;

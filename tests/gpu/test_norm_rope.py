@@ -42,15 +42,16 @@ EPS = 1e-6
 
 
 def run_rmsnorm(card, x: np.ndarray, w: np.ndarray, threads: int, fp32_out: bool = True,
-                quantize: bool = True) -> dict[str, np.ndarray]:
-    """One rmsnorm_q8_1 launch over the rows of x; returns the outputs asked for and x as left on the card."""
+                quantize: bool = True, slices: int = 1) -> dict[str, np.ndarray]:
+    """One rmsnorm_q8_1 launch over the rows of x (each row split over `slices` blocks); returns the outputs
+    asked for and x as left on the card."""
     n_rows, n = x.shape
     x_dev = card.upload(x, "test x")
     y = card.alloc(x.nbytes, "test y") if fp32_out else None
     xq = card.alloc(n_rows * n, "test xq") if quantize else None
     xd = card.alloc(n_rows * n // 32 * F32, "test xd") if quantize else None
     card.kernel("rmsnorm_q8_1").launch(
-        n_rows, threads, x_dev, np.int32(n), card.upload(w, "test w"), np.int32(n), np.float32(EPS), y, xq, xd,
+        (n_rows, slices), threads, x_dev, np.int32(n), card.upload(w, "test w"), np.int32(n), np.float32(EPS), y, xq, xd,
         np.int32(n),
     )
     out = {"x": x_dev.download(np.float32, x.shape)}
@@ -88,6 +89,16 @@ def test_rmsnorm_outputs(card, rng, n, n_rows, threads):
     assert_equal(alone["xd"], out["xd"], "Q8_1 scales without the fp32 output requested")
     fp32_only = run_rmsnorm(card, x, w, threads, quantize=False)
     assert_equal(fp32_only["y"], out["y"], "fp32 output without Q8_1 requested")
+
+
+@pytest.mark.parametrize("n, n_rows, slices", [(4096, 1, 8), (5120, 1, 8), (5120, 3, 3), (96, 2, 4)])
+def test_rmsnorm_split_over_blocks_gives_the_same_bits(card, rng, n, n_rows, slices):
+    """The decode launch splits a row over several blocks; every output bit must equal the one-block launch."""
+    x, w = random_rows(n_rows, n, rng), random_gain(n, rng)
+    whole = run_rmsnorm(card, x, w, 1024)
+    split = run_rmsnorm(card, x, w, 1024, slices=slices)
+    for key in ("y", "xq", "xd"):
+        assert_equal(split[key], whole[key], f"rmsnorm {key} with the row split over {slices} blocks")
 
 
 def test_rmsnorm_fills_halves_of_a_wider_row(card, rng):

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API (`rigllm serve`): wire types, request pipeline, one generation worker."""

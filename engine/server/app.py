@@ -1,0 +1,95 @@
+"""The FastAPI application: routes (with and without `/v1`), API-key check, OpenAI-shaped errors.
+
+Requests are validated and turned into jobs on the event loop (prompt rendering in a thread), then
+handed to the single generation worker; responses are read from the job's event queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.server.api_errors import APIError, error_response, install_error_handlers
+from engine.server.generation_job import Failed, Job
+from engine.server.model_service import ModelService
+from engine.server.responses import CompletionShape, collect, stream_chunks
+from engine.server.wire import ChatCompletionRequest, CompletionRequest
+from engine.server.worker import GenerationWorker, QueueFull
+
+OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def create_app(service: ModelService, worker: GenerationWorker, api_key: str | None = None,
+               label: str = "") -> FastAPI:
+    """`label` is shown by /health (e.g. that the model is the random-weight demo)."""
+    app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models")
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def _normalise_and_authorise(request: Request, call_next: Any):
+        path = request.scope["path"]
+        while "//" in path:  # some clients join base URL and route into `//v1/...`
+            path = path.replace("//", "/")
+        request.scope["path"] = path
+        if api_key and path not in OPEN_PATHS:
+            presented = _presented_key(request)
+            if presented is None or not hmac.compare_digest(presented.encode(), api_key.encode()):
+                return error_response(401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')",
+                                      code="invalid_api_key")
+        return await call_next(request)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
+
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    async def one_model(model_id: str) -> dict[str, Any]:
+        service.check_model(model_id)
+        return model_card()
+
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": service.model_id, "label": label, "backend": worker.backend_name,
+                "context_length": service.context_length, "busy": worker.busy, "queued": worker.waiting}
+
+    async def run(job: Job, shape: CompletionShape, stream: bool, include_usage: bool):
+        try:
+            worker.submit(job)
+        except QueueFull as err:
+            raise APIError(503, str(err), code="queue_full") from None
+        if stream:
+            return StreamingResponse(stream_chunks(job, shape, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        result = await collect(job, shape)
+        if isinstance(result, Failed):
+            return error_response(500, result.message)
+        return JSONResponse(result)
+
+    async def chat_completions(req: ChatCompletionRequest):
+        job = await asyncio.to_thread(service.chat_job, req, asyncio.get_running_loop())
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return await run(job, CompletionShape(service.model_id, chat=True), bool(req.stream), include_usage)
+
+    async def completions(req: CompletionRequest):
+        job = await asyncio.to_thread(service.completion_job, req, asyncio.get_running_loop())
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return await run(job, CompletionShape(service.model_id, chat=False), bool(req.stream), include_usage)
+
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+        app.add_api_route(f"{prefix}/models/{{model_id}}", one_model, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/health", health, methods=["GET"])
+    return app

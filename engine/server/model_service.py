@@ -1,0 +1,124 @@
+"""The loaded model as the API sees it: its id, and requests turned into generation `Job`s.
+
+Everything that can reject a request happens here, before a job is queued, so a bad request costs
+no generation time and always gets a 400 (or 404) instead of failing mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import RigllmError
+from engine.generation.chat_prompt import build_chat_prompt
+from engine.generation.chat_template import ChatTemplate
+from engine.generation.sampler import SamplingParams
+from engine.generation.tokenizer import Tokenizer
+from engine.gguf.loader import LoadedModel
+from engine.server.api_errors import APIError
+from engine.server.generation_job import Job
+from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+
+
+@dataclass
+class ModelService:
+    model_id: str
+    tokenizer: Tokenizer
+    template: ChatTemplate
+    context_length: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel) -> ModelService:
+        """The model id clients send is the file name without `.gguf`."""
+        return cls(model_id=loaded.path.stem, tokenizer=Tokenizer.from_model_file(loaded.file),
+                   template=ChatTemplate.for_model(loaded.file.fields), context_length=loaded.config.context_length)
+
+    def check_model(self, requested: str | None) -> None:
+        if requested and requested != self.model_id:
+            raise APIError(404, f"The model '{requested}' does not exist; this server serves '{self.model_id}'",
+                           param="model", code="model_not_found")
+
+    def chat_job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        self.check_model(req.model)
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise APIError(400, f"response_format '{req.response_format.get('type')}' is not supported yet "
+                           "(constrained decoding is not implemented)", param="response_format")
+        if req.top_logprobs:
+            raise APIError(400, "top_logprobs is not supported yet", param="top_logprobs")
+        tools = self._tools(req)
+        kwargs = req.chat_template_kwargs or {}
+        enable_thinking = kwargs.get("enable_thinking")
+        if enable_thinking is not None and not isinstance(enable_thinking, bool):
+            raise APIError(400, "chat_template_kwargs.enable_thinking must be true or false",
+                           param="chat_template_kwargs")
+        messages = [_template_message(i, m) for i, m in enumerate(req.messages)]
+        try:
+            prompt = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools,
+                                       enable_thinking=enable_thinking, context_length=self.context_length)
+        except RigllmError as err:
+            code = "context_length_exceeded" if "context holds" in str(err) else None
+            raise APIError(400, str(err), param="messages", code=code) from None
+        limit = req.max_completion_tokens or req.max_tokens
+        return self._job(req, prompt.token_ids, limit, prompt.thinking, tools, loop)
+
+    def completion_job(self, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        self.check_model(req.model)
+        if req.echo:
+            raise APIError(400, "echo is not supported yet", param="echo")
+        prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+        if len(prompts) != 1:
+            raise APIError(400, "exactly one prompt string per request is supported", param="prompt")
+        ids = self.tokenizer.encode(prompts[0], parse_special=True)
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        if len(ids) >= self.context_length:
+            raise APIError(400, f"the prompt is {len(ids)} tokens, the context holds {self.context_length}",
+                           param="prompt", code="context_length_exceeded")
+        return self._job(req, ids, req.max_tokens, False, None, loop)
+
+    def _tools(self, req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+        choice = req.tool_choice
+        if choice is None or choice == "auto":
+            return req.tools or None
+        if choice == "none":
+            return None
+        raise APIError(400, f"tool_choice {choice!r} is not supported yet (use \"auto\" or \"none\")",
+                       param="tool_choice")
+
+    def _job(self, req: SamplingFields, prompt_ids: list[int], limit: int | None, thinking: bool,
+             tools: list[dict[str, Any]] | None, loop: asyncio.AbstractEventLoop) -> Job:
+        if req.n != 1:
+            raise APIError(400, f"n must be 1 (got {req.n}): one choice per request is supported", param="n")
+        if req.logprobs:
+            raise APIError(400, "logprobs are not supported yet", param="logprobs")
+        values = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                               "presence_penalty", "frequency_penalty", "seed")}
+        try:
+            params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
+        except RigllmError as err:
+            raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from None
+        room = self.context_length - len(prompt_ids)
+        max_tokens = min(limit, room) if limit else room
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stop) > 4:
+            raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
+        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, loop)
+
+
+def _template_message(index: int, message: ChatMessage) -> dict[str, Any]:
+    """A message as the chat template wants it: text parts joined, no None fields."""
+    msg = message.model_dump(exclude_none=True)
+    if isinstance(message.content, list):
+        texts = []
+        for part in message.content:
+            if part.type != "text" or part.text is None:
+                raise APIError(400, f"messages[{index}]: content part type '{part.type}' is not supported yet "
+                               "(only text)", param=f"messages.{index}.content")
+            texts.append(part.text)
+        msg["content"] = "".join(texts)
+    elif message.content is None:
+        msg["content"] = ""
+    return msg

@@ -1,0 +1,122 @@
+"""Turn a job's events into OpenAI chat/text completion objects, streamed (SSE chunks) or whole.
+
+Tool calls stream as OpenAI does: a first delta with index, id, type and the function name (arguments
+""), then the arguments; the finish chunk carries "tool_calls". With `stream_options.include_usage`
+a last chunk with empty `choices` carries the usage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
+from engine.server.api_errors import error_body
+from engine.server.generation_job import Failed, Finished, Job, Piece
+
+
+def usage(done: Finished) -> dict[str, Any]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
+    }
+
+
+async def job_results(job: Job) -> AsyncIterator[Piece | Finished | Failed]:
+    """The job's events until its end; if the consumer stops early, the worker is told to stop."""
+    try:
+        while True:
+            item = await job.events.get()
+            yield item
+            if not isinstance(item, Piece):
+                return
+    finally:
+        job.cancelled.set()
+
+
+class CompletionShape:
+    """Ids and headers shared by every chunk of one response."""
+
+    def __init__(self, model: str, chat: bool):
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        obj = self.object + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+
+
+def _delta_events(events: list) -> list[dict[str, Any]]:
+    deltas: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, ReasoningDelta):
+            deltas.append({"reasoning_content": event.text})
+        elif isinstance(event, ContentDelta):
+            deltas.append({"content": event.text})
+        elif isinstance(event, ToolCall):
+            head = {"index": event.index, "id": event.id, "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+            deltas.append({"tool_calls": [head]})
+            deltas.append({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
+    return deltas
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def stream_chunks(job: Job, shape: CompletionShape, include_usage: bool) -> AsyncIterator[str]:
+    if shape.chat:
+        yield _sse(shape.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}], chunk=True))
+    async for item in job_results(job):
+        if isinstance(item, Piece):
+            for delta in (_delta_events(item.events) if shape.chat else
+                          [{"text": e.text} for e in item.events if isinstance(e, ContentDelta)]):
+                choice = {"index": 0, "delta": delta} if shape.chat else {"index": 0, **delta}
+                yield _sse(shape.envelope([{**choice, "logprobs": None, "finish_reason": None}], chunk=True))
+        elif isinstance(item, Failed):
+            yield _sse(error_body(500, item.message))
+        else:
+            last = {"index": 0, "delta": {}} if shape.chat else {"index": 0, "text": ""}
+            yield _sse(shape.envelope([{**last, "logprobs": None, "finish_reason": item.finish_reason}], chunk=True))
+            if include_usage:
+                yield _sse({**shape.envelope([], chunk=True), "usage": usage(item)})
+    yield _sse("[DONE]")
+
+
+async def collect(job: Job, shape: CompletionShape) -> dict[str, Any] | Failed:
+    """The whole response object, or the failure that ended the job."""
+    reasoning, content, calls = [], [], []
+    async for item in job_results(job):
+        if isinstance(item, Failed):
+            return item
+        if isinstance(item, Piece):
+            for e in item.events:
+                if isinstance(e, ReasoningDelta):
+                    reasoning.append(e.text)
+                elif isinstance(e, ContentDelta):
+                    content.append(e.text)
+                else:
+                    calls.append(e.as_openai())
+            continue
+        if shape.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content or not calls else None,
+                                       "reasoning_content": "".join(reasoning) if reasoning else None}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message}
+        else:
+            choice = {"index": 0, "text": "".join(content)}
+        body = shape.envelope([{**choice, "logprobs": None, "finish_reason": item.finish_reason}], chunk=False)
+        return {**body, "usage": usage(item)}
+    return Failed("generation ended without a result")

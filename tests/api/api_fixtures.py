@@ -1,0 +1,92 @@
+"""A live `rigllm serve` app in-process: uvicorn in a thread on a free loopback port, one worker.
+
+The backend factory is a parameter so tool-call tests can drive the real server with a scripted
+backend; everything else (template, tokenizer, parser, wire format) is the product code.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import openai
+import uvicorn
+
+from engine.generation.backend import Backend
+from engine.gguf.loader import LoadedModel
+from engine.server.app import create_app
+from engine.server.model_service import ModelService
+from engine.server.worker import GenerationWorker
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    base_url: str  # ends in /v1
+    model_id: str
+    service: ModelService
+
+    def client(self, api_key: str = "noop") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=60)
+
+
+@contextmanager
+def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
+                api_key: str | None = None, max_queue: int = 16) -> Iterator[LiveServer]:
+    service = ModelService.from_loaded(loaded)
+    worker = GenerationWorker(open_backend, service.tokenizer, max_queue=max_queue)
+    worker.start()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(service, worker, api_key), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield LiveServer(f"http://127.0.0.1:{port}/v1", service.model_id, service)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+        worker.stop()
+
+
+class ScriptedBackend:
+    """Logits that force a scripted continuation; `script_for(prompt_ids)` picks it per request.
+
+    The script's last token repeats once it runs out; `delay` seconds per call make a slow model.
+    """
+
+    name = "scripted"
+
+    def __init__(self, config, vocab_size: int, script_for: Callable[[Sequence[int]], list[int]],
+                 delay: float = 0.0):
+        self.config = config
+        self._vocab_size = vocab_size
+        self._script_for = script_for
+        self._delay = delay
+
+    def new_sequence(self) -> dict:
+        return {"script": None, "step": 0}
+
+    def forward_last(self, token_ids: Sequence[int], sequence: dict) -> np.ndarray:
+        if sequence["script"] is None:
+            sequence["script"] = self._script_for(token_ids)
+        script = sequence["script"]
+        time.sleep(self._delay)
+        logits = np.full(self._vocab_size, -1e9, dtype=np.float32)
+        logits[script[min(sequence["step"], len(script) - 1)]] = 0.0
+        sequence["step"] += 1
+        return logits
+
+    def close(self) -> None:
+        """Nothing to release."""

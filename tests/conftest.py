@@ -5,6 +5,10 @@ import tempfile
 
 import pytest
 
+# Hypothesis (schemathesis) writes its example cache into the working directory during collection,
+# before any fixture runs: keep it out of the checkout.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="rigllm-hypothesis-"))
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_user_data_dir():

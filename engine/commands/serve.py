@@ -7,6 +7,7 @@ a GPU and whatever the model can be made to say.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import sys
 
@@ -19,8 +20,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", help="require this key (Authorization: Bearer KEY); needed off loopback")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key", help="require this key (Authorization: Bearer KEY); needed off loopback")
+    key.add_argument("--use-keyring", action="store_true",
+                     help="require the key stored in the OS keyring (service 'rigllm', user 'api-key')")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let browser pages from ORIGIN call the API (repeatable; default: no CORS headers)")
     p.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait before 503 (default 16)")
+    p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
     p.set_defaults(func=run)
 
 
@@ -33,11 +40,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key or the keyring; checked against the bind address before anything loads."""
+    from engine.errors import RigllmError
+    from engine.server.access import key_from_keyring
+
+    key = key_from_keyring() if args.use_keyring else args.api_key
+    if not is_loopback(args.host) and not key:
+        raise RigllmError(f"refusing to serve on {args.host} without --api-key or --use-keyring "
+                          "(only loopback may run keyless)")
+    return key
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.errors import RigllmError
+    from engine.server.access import check_cors_origins
 
-    if not is_loopback(args.host) and not args.api_key:
-        raise RigllmError(f"refusing to serve on {args.host} without --api-key (only loopback may run keyless)")
+    key = api_key(args)
+    cors_origins = check_cors_origins(args.cors_origin)
     if args.max_queue < 1:
         raise RigllmError("--max-queue must be at least 1")
 
@@ -58,13 +78,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = args.model
     loaded = load_model(path)
-    service = ModelService.from_loaded(loaded)
-    worker = GenerationWorker(lambda: open_backend(args.backend, loaded), service.tokenizer, args.max_queue)
+    context = min(args.context or loaded.config.context_length, loaded.config.context_length)
+    if context < 2:
+        raise RigllmError("--context must be at least 2")
+    service = dataclasses.replace(ModelService.from_loaded(loaded), context_length=context)
+    worker = GenerationWorker(lambda: open_backend(args.backend, loaded, context=context), service.tokenizer,
+                              args.max_queue)
     worker.start()
     try:
         print(f"[rigllm] serving '{service.model_id}' on the {worker.backend_name} backend at "
               f"http://{args.host}:{args.port}/v1", file=sys.stderr)
-        uvicorn.run(create_app(service, worker, args.api_key, label), host=args.host, port=args.port,
+        uvicorn.run(create_app(service, worker, key, label, cors_origins), host=args.host, port=args.port,
                     log_level="warning")
     finally:
         worker.stop()

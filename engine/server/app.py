@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.server.api_errors import APIError, error_response, install_error_handlers
 from engine.server.generation_job import Failed, Job
 from engine.server.model_service import ModelService
 from engine.server.responses import CompletionShape, collect, stream_chunks
+from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
 from engine.server.worker import GenerationWorker, QueueFull
 
@@ -31,8 +34,12 @@ def _presented_key(request: Request) -> str | None:
 
 
 def create_app(service: ModelService, worker: GenerationWorker, api_key: str | None = None,
-               label: str = "") -> FastAPI:
-    """`label` is shown by /health (e.g. that the model is the random-weight demo)."""
+               label: str = "", cors_origins: Sequence[str] = ()) -> FastAPI:
+    """`label` is shown by /health (e.g. that the model is the random-weight demo).
+
+    `cors_origins` lets browser front ends on those origins call the API; without it no CORS headers
+    are sent, so a web page the user happens to visit cannot use their local model.
+    """
     app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models")
     install_error_handlers(app)
 
@@ -48,6 +55,10 @@ def create_app(service: ModelService, worker: GenerationWorker, api_key: str | N
                 return error_response(401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')",
                                       code="invalid_api_key")
         return await call_next(request)
+
+    if cors_origins:  # added after the key check, so it wraps it: preflights (no key) pass, 401s carry CORS
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     def model_card() -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
@@ -92,4 +103,5 @@ def create_app(service: ModelService, worker: GenerationWorker, api_key: str | N
         app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/health", health, methods=["GET"])
+    add_tokenize_routes(app, service)
     return app

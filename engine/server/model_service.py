@@ -54,7 +54,7 @@ class ModelService:
         if enable_thinking is not None and not isinstance(enable_thinking, bool):
             raise APIError(400, "chat_template_kwargs.enable_thinking must be true or false",
                            param="chat_template_kwargs")
-        messages = [_template_message(i, m) for i, m in enumerate(req.messages)]
+        messages = [template_message(i, m) for i, m in enumerate(req.messages)]
         try:
             prompt = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools,
                                        enable_thinking=enable_thinking, context_length=self.context_length)
@@ -108,7 +108,7 @@ class ModelService:
         return Job(prompt_ids, params, max_tokens, thinking, tools, stop, loop)
 
 
-def _template_message(index: int, message: ChatMessage) -> dict[str, Any]:
+def template_message(index: int, message: ChatMessage) -> dict[str, Any]:
     """A message as the chat template wants it: text parts joined, no None fields."""
     msg = message.model_dump(exclude_none=True)
     if isinstance(message.content, list):

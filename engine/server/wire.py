@@ -8,7 +8,43 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+
+def unpaired_surrogate_at(data: Any) -> str | None:
+    """The dotted path of a string (value or key) in parsed JSON that is not valid Unicode, or None.
+
+    JSON's `\\ud800` escapes decode to lone surrogates, which nothing downstream can encode (the
+    tokenizer, the error response itself), so they are refused here with a 400.
+    """
+    pending: list[tuple[str, Any]] = [("", data)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                safe_key = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+                where = f"{path}.{safe_key}" if path else safe_key
+                pending.extend([(where, key), (where, item)])
+        elif isinstance(value, list):
+            pending.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
+
+
+class RequestBody(BaseModel):
+    """A whole request body: refuses text that is not valid Unicode before any field is used."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = unpaired_surrogate_at(data)
+        if where is not None:
+            raise ValueError(f"{where}: the text is not valid Unicode (it contains an unpaired surrogate)")
+        return data
 
 
 class ContentPart(BaseModel):
@@ -29,7 +65,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestBody):
     """Fields shared by chat and text completions."""
 
     model: str | None = None

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import openai
@@ -36,14 +36,18 @@ class LiveServer:
 
 @contextmanager
 def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
-                api_key: str | None = None, max_queue: int = 16) -> Iterator[LiveServer]:
+                api_key: str | None = None, max_queue: int = 16,
+                cors_origins: Sequence[str] = (), context_length: int | None = None) -> Iterator[LiveServer]:
+    """`context_length` below the model's keeps fuzzed requests short (generation stops at the context)."""
     service = ModelService.from_loaded(loaded)
+    if context_length is not None:
+        service = replace(service, context_length=context_length)
     worker = GenerationWorker(open_backend, service.tokenizer, max_queue=max_queue)
     worker.start()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service, worker, api_key), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(service, worker, api_key, cors_origins=cors_origins), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.cuda.q8_layout import QK, dequantize_q8_0
+from engine.cuda.gemv import Q8Activations, alloc_q8_activations, upload_q8_weight
+from engine.cuda.q8_layout import QK, dequantize_q8_0, dequantize_q8_1, quantize_q8_1
 
 
 def random_q8_weight(rng: np.random.Generator, rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -86,3 +87,45 @@ def run_on_thread(fn: Callable[[], Any]) -> Any:
     if "error" in result:
         raise result["error"]
     return result.get("value")
+
+
+def upload_activations(card, x: np.ndarray) -> tuple[Q8Activations, np.ndarray]:
+    """Quantize x [T, K] on the host, upload it, and return it with the dequantized values the kernel sees."""
+    xq, xd = quantize_q8_1(x)
+    act = alloc_q8_activations(card, x.shape[1], x.shape[0], "test.x")
+    act.xq.upload(xq)
+    act.xd.upload(xd)
+    return act, dequantize_q8_1(xq, xd)
+
+
+def check_stacked_segments(card, rng: np.random.Generator, matmul: Callable[..., None], tokens: int, k: int,
+                           row_counts: tuple[int, ...]) -> None:
+    """Matrices stacked on one input (as GDN qkv, z, b, a): segment i of the output is its own [T][rows_i]."""
+    parts = [random_q8_weight(rng, rows, k) for rows in row_counts]
+    weight = upload_q8_weight(card, [(qs, d) for qs, d, _ in parts], "test.stacked")
+    act, x = upload_activations(card, random_activations(rng, tokens, k))
+    y = card.alloc(4 * weight.rows * tokens, "test.y")
+    matmul(card, weight, act, y, tokens)
+    for i, (_, _, w) in enumerate(parts):
+        got = weight.segment_view(y, i, tokens).download(np.float32, (tokens, w.shape[0]))
+        assert_within(got, x.astype(np.float64) @ w.T, gemv_error_bound(w, x), f"segment {i} T={tokens}")
+
+
+def check_residual_epilogue(card, rng: np.random.Generator, matmul: Callable[..., None], tokens: int, rows: int,
+                            k: int) -> None:
+    """y = r + Wx into a separate buffer (r untouched), then r += Wx in place."""
+    qs, d, w = random_q8_weight(rng, rows, k)
+    weight = upload_q8_weight(card, [(qs, d)], "test.w")
+    act, x = upload_activations(card, random_activations(rng, tokens, k))
+    residual = rng.standard_normal((tokens, rows)).astype(np.float32)
+    expected = residual.astype(np.float64) + x.astype(np.float64) @ w.T
+    bound = gemv_error_bound(w, x) + 1e-6 * np.abs(residual)
+
+    res_buf = card.upload(residual, "test.residual")
+    y = card.alloc(4 * rows * tokens, "test.y")
+    matmul(card, weight, act, y, tokens, residual=res_buf)
+    assert_within(y.download(np.float32, (tokens, rows)), expected, bound, f"y = r + Wx, T={tokens}")
+    np.testing.assert_array_equal(res_buf.download(np.float32, (tokens, rows)), residual)  # input untouched
+
+    matmul(card, weight, act, res_buf, tokens, residual=res_buf)
+    assert_within(res_buf.download(np.float32, (tokens, rows)), expected, bound, f"r += Wx in place, T={tokens}")

@@ -16,9 +16,16 @@ import numpy as np
 import pytest
 
 from engine.cuda.gemm import gemm_q8
-from engine.cuda.gemv import Q8Activations, alloc_q8_activations, upload_q8_weight
-from engine.cuda.q8_layout import dequantize_q8_1, quantize_q8_1
-from tests.gpu.gpu_fixtures import assert_within, gemv_error_bound, random_activations, random_q8_weight
+from engine.cuda.gemv import upload_q8_weight
+from tests.gpu.gpu_fixtures import (
+    assert_within,
+    check_residual_epilogue,
+    check_stacked_segments,
+    gemv_error_bound,
+    random_activations,
+    random_q8_weight,
+    upload_activations,
+)
 
 TOKENS = [1, 7, 64, 100, 256, 300]
 SHAPES = [(32, 32), (48, 4096), (4128, 32), (4128, 12288), (12288, 4096)]
@@ -29,14 +36,6 @@ def cached_weight(rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """Random Q8_0 weights per shape, generated once per session (the large ones take seconds)."""
     return random_q8_weight(np.random.default_rng(rows * 100003 + k), rows, k)
 
-
-def upload_activations(card, x: np.ndarray) -> tuple[Q8Activations, np.ndarray]:
-    """Quantize x [T, K] on the host, upload it, and return it with the dequantized values the GEMM sees."""
-    xq, xd = quantize_q8_1(x)
-    act = alloc_q8_activations(card, x.shape[1], x.shape[0], "test.x")
-    act.xq.upload(xq)
-    act.xd.upload(xd)
-    return act, dequantize_q8_1(xq, xd)
 
 
 @pytest.mark.parametrize("tokens", TOKENS)
@@ -55,35 +54,12 @@ def test_gemm_matches_numpy(card, rng, rows, k, tokens):
 @pytest.mark.parametrize("tokens", [5, 70, 129])
 def test_stacked_matrices_write_separate_segments(card, rng, tokens):
     """Four matrices with one input (as GDN qkv, z, b, a), segment boundaries inside 64-row tiles."""
-    k = 256
-    parts = [random_q8_weight(rng, rows, k) for rows in (100, 37, 16, 16)]
-    weight = upload_q8_weight(card, [(qs, d) for qs, d, _ in parts], "test.stacked")
-    act, x = upload_activations(card, random_activations(rng, tokens, k))
-    y = card.alloc(4 * weight.rows * tokens, "test.y")
-    gemm_q8(card, weight, act, y, tokens)
-    for i, (_, _, w) in enumerate(parts):
-        got = weight.segment_view(y, i, tokens).download(np.float32, (tokens, w.shape[0]))
-        assert_within(got, x.astype(np.float64) @ w.T, gemv_error_bound(w, x), f"segment {i} T={tokens}")
+    check_stacked_segments(card, rng, gemm_q8, tokens, k=256, row_counts=(100, 37, 16, 16))
 
 
 @pytest.mark.parametrize("tokens", [3, 64, 200])
 def test_residual_epilogue_separate_and_in_place(card, rng, tokens):
-    rows, k = 200, 4096
-    qs, d, w = random_q8_weight(rng, rows, k)
-    weight = upload_q8_weight(card, [(qs, d)], "test.w")
-    act, x = upload_activations(card, random_activations(rng, tokens, k))
-    residual = rng.standard_normal((tokens, rows)).astype(np.float32)
-    expected = residual.astype(np.float64) + x.astype(np.float64) @ w.T
-    bound = gemv_error_bound(w, x) + 1e-6 * np.abs(residual)
-
-    res_buf = card.upload(residual, "test.residual")
-    y = card.alloc(4 * rows * tokens, "test.y")
-    gemm_q8(card, weight, act, y, tokens, residual=res_buf)
-    assert_within(y.download(np.float32, (tokens, rows)), expected, bound, f"y = r + Wx, T={tokens}")
-    np.testing.assert_array_equal(res_buf.download(np.float32, (tokens, rows)), residual)  # input untouched
-
-    gemm_q8(card, weight, act, res_buf, tokens, residual=res_buf)
-    assert_within(res_buf.download(np.float32, (tokens, rows)), expected, bound, f"r += Wx in place, T={tokens}")
+    check_residual_epilogue(card, rng, gemm_q8, tokens, rows=200, k=4096)
 
 
 def test_fewer_tokens_than_the_buffer_holds(card, rng):

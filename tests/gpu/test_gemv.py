@@ -15,24 +15,21 @@ from engine.cuda.gemv import (
     DECODE_GEMV,
     GEMV_ROWS_PER_WARP,
     GEMV_T1_VARIANTS,
-    Q8Activations,
-    alloc_q8_activations,
     gemv_q8,
     upload_q8_weight,
 )
-from engine.cuda.q8_layout import dequantize_q8_1, quantize_q8_1
-from tests.gpu.gpu_fixtures import assert_within, gemv_error_bound, random_activations, random_q8_weight
+from tests.gpu.gpu_fixtures import (
+    assert_within,
+    check_residual_epilogue,
+    check_stacked_segments,
+    gemv_error_bound,
+    random_activations,
+    random_q8_weight,
+    upload_activations,
+)
 
 SHAPES = [(1, 32), (13, 96), (37, 4096), (77, 12288), (1000, 4096)]
 
-
-def upload_activations(card, x: np.ndarray) -> tuple[Q8Activations, np.ndarray]:
-    """Quantize x [T, K] on the host, upload it, and return it with the dequantized values the GEMV sees."""
-    xq, xd = quantize_q8_1(x)
-    act = alloc_q8_activations(card, x.shape[1], x.shape[0], "test.x")
-    act.xq.upload(xq)
-    act.xd.upload(xd)
-    return act, dequantize_q8_1(xq, xd)
 
 
 @pytest.mark.parametrize("tokens", sorted(GEMV_ROWS_PER_WARP))
@@ -65,36 +62,12 @@ def test_many_blocks_and_a_single_block_grid(card, rng, tokens):
 @pytest.mark.parametrize("tokens", [1, 2, 5, 8])
 def test_stacked_matrices_write_separate_segments(card, rng, tokens):
     """Four matrices with one input (as GDN qkv, z, b, a): segment i is its own [T][rows_i] matrix."""
-    k = 128
-    parts = [random_q8_weight(rng, rows, k) for rows in (10, 21, 3, 2)]
-    weight = upload_q8_weight(card, [(qs, d) for qs, d, _ in parts], "test.stacked")
-    act, x = upload_activations(card, random_activations(rng, tokens, k))
-    y = card.alloc(4 * weight.rows * tokens, "test.y")
-    gemv_q8(card, weight, act, y, tokens)
-    for i, (_, _, w) in enumerate(parts):
-        got = weight.segment_view(y, i, tokens).download(np.float32, (tokens, w.shape[0]))
-        assert_within(got, x.astype(np.float64) @ w.T, gemv_error_bound(w, x), f"segment {i} T={tokens}")
+    check_stacked_segments(card, rng, gemv_q8, tokens, k=128, row_counts=(10, 21, 3, 2))
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 8])
 def test_residual_epilogue_separate_and_in_place(card, rng, tokens):
-    rows, k = 45, 4096
-    qs, d, w = random_q8_weight(rng, rows, k)
-    weight = upload_q8_weight(card, [(qs, d)], "test.w")
-    act, x = upload_activations(card, random_activations(rng, tokens, k))
-    residual = rng.standard_normal((tokens, rows)).astype(np.float32)
-    expected = residual.astype(np.float64) + x.astype(np.float64) @ w.T
-    bound = gemv_error_bound(w, x) + 1e-6 * np.abs(residual)
-
-    res_buf = card.upload(residual, "test.residual")
-    y = card.alloc(4 * rows * tokens, "test.y")
-    gemv_q8(card, weight, act, y, tokens, residual=res_buf)
-    assert_within(y.download(np.float32, (tokens, rows)), expected, bound, f"y = r + Wx, T={tokens}")
-    np.testing.assert_array_equal(res_buf.download(np.float32, (tokens, rows)), residual)  # input untouched
-
-    gemv_q8(card, weight, act, res_buf, tokens, residual=res_buf)
-    assert_within(res_buf.download(np.float32, (tokens, rows)), expected, bound, f"r += Wx in place, T={tokens}")
-
+    check_residual_epilogue(card, rng, gemv_q8, tokens, rows=45, k=4096)
 
 
 @pytest.mark.parametrize("variant", sorted(GEMV_T1_VARIANTS))

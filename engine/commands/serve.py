@@ -12,6 +12,7 @@ import ipaddress
 import sys
 
 from engine.generation.backend import BACKEND_CHOICES
+from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="let browser pages from ORIGIN call the API (repeatable; default: no CORS headers)")
     p.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait before 503 (default 16)")
     p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
+    p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
+                   help=f"requests decoded together (default {DEFAULT_SLOTS}; on a GPU each holds a KV cache of --context tokens)")
+    p.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
+                   help="host memory for kept chat-turn states, so follow-up turns skip their prefix (0: off)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     cors_origins = check_cors_origins(args.cors_origin)
     if args.max_queue < 1:
         raise RigllmError("--max-queue must be at least 1")
+    if args.slots < 1:
+        raise RigllmError("--slots must be at least 1")
+    if args.prefix_cache_mb < 0:
+        raise RigllmError("--prefix-cache-mb cannot be negative")
 
     import uvicorn
 
@@ -82,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
     if context < 2:
         raise RigllmError("--context must be at least 2")
     service = dataclasses.replace(ModelService.from_loaded(loaded), context_length=context)
-    worker = GenerationWorker(lambda: open_backend(args.backend, loaded, context=context), service.tokenizer,
-                              args.max_queue)
+    worker = GenerationWorker(lambda: open_backend(args.backend, loaded, context=context, slots=args.slots),
+                              service.tokenizer, args.max_queue, slots=args.slots,
+                              prefix_cache_bytes=args.prefix_cache_mb << 20)
     worker.start()
     try:
         print(f"[rigllm] serving '{service.model_id}' on the {worker.backend_name} backend at "

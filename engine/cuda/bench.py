@@ -4,9 +4,11 @@ Everything is measured in one run on the same card: the ceilings (device copy, D
 read bandwidth on the LM head, the largest matrix — the read ceiling contracts.md asks decode to be
 compared with), then prefill at several prompt lengths (real chunked prefill, timed with CUDA events
 around the whole chunk loop, Python launch cost included), then decode at several depths (the
-captured decode graph replayed token by token, each step writing 12 bytes and reading back the 4-byte
-token id, exactly as generation does; the KV cache is filled to the depth without prefilling it,
-because its values do not change the speed).
+captured decode graph replayed token by token through `SlotDecoder.step`, writing the token and
+position and reading back the token id, exactly as generation does; the KV cache is filled to the
+depth without prefilling it, because its values do not change the speed), then aggregate decode
+tokens/s with 1, 2, 4 and 8 streams decoding together (continuous batching: one batched step per
+token of every stream).
 
 CMP 100-210 projections (anchor-qengine.md §6): decode = the fraction of the H200 read ceiling
 reached, applied to the CMP's 818 GB/s measured read bandwidth, over the same bytes per token;
@@ -22,17 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from engine.cuda.backend import DecodeGraph
 from engine.cuda.driver import CudaCard
-from engine.cuda.forward import ForwardPass
 from engine.cuda.gemm import gemm_q8
 from engine.cuda.gemv import alloc_q8_activations
 from engine.cuda.microbench import run_microbench, time_graph_ms
 from engine.cuda.profile import kernel_breakdown
-from engine.cuda.sampling import GpuSampler
-from engine.cuda.sequence import DeviceSequence
+from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder
 from engine.cuda.synthetic_weights import random_q8_weight
 from engine.cuda.weights import ModelWeights
+from engine.generation.sampler import SamplingParams
+from engine.generation.slots import SlotRequest
 from engine.gguf.config import ModelConfig
 
 CMP_READ_GBPS = 818.0
@@ -60,32 +61,36 @@ def decode_bytes(cfg: ModelConfig, depth: int) -> int:
             + q8_bytes(c.vocab_size, c.d_model) + q8_bytes(1, c.d_model))
 
 
-def prefill_speed(fwd: ForwardPass, seq: DeviceSequence, n_tokens: int, chunk: int) -> float:
-    """Tokens per second of a fresh prefill of n_tokens random ids, in chunks."""
-    ids = np.random.default_rng(n_tokens).integers(0, fwd.cfg.vocab_size, n_tokens).astype(np.int32)
+def prefill_speed(dec: SlotDecoder, n_tokens: int) -> float:
+    """Tokens per second of a fresh prefill of n_tokens random ids into slot 0, in chunks."""
+    ids = np.random.default_rng(n_tokens).integers(0, dec.config.vocab_size, n_tokens).astype(np.int32)
+    seq = dec.seqs[0]
     seq.reset()
-    card = fwd.card
+    card = dec.card
     card.synchronize()
     start, end = card.event(), card.event()
     start.record()
-    for pos in range(0, n_tokens, chunk):
-        part = ids[pos : pos + chunk]
-        fwd.set_batch(part, pos)
-        seq.next_position = pos
-        fwd.run(len(part), seq)
+    dec.prefill(ids, seq)
     end.record()
     end.synchronize()
     return n_tokens / (end.elapsed_ms(start) * 1e-3)
 
 
-def decode_speed(decoder: DecodeGraph, depth: int, steps: int) -> float:
-    """Tokens per second of `steps` graph-replayed greedy steps starting at `depth`."""
-    decoder.step(1, depth)  # warm
+def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int) -> float:
+    """Aggregate tokens per second of `steps` greedy graph-replayed steps of slots 0..streams-1 at `depth`."""
+    greedy = SlotRequest(SamplingParams(temperature=0.0), ())
+    for slot in range(streams):
+        dec.seqs[slot].next_position = depth
+        dec.begin(slot, greedy)
+    feeds = {slot: 1 for slot in range(streams)}
+    dec.step(feeds)  # captures the graph for this set of slots
     t0 = time.perf_counter()
-    token = 1
-    for i in range(steps):
-        token = max(decoder.step(token, depth + 1 + i), 0)
-    return steps / (time.perf_counter() - t0)
+    for _ in range(steps):
+        feeds = {slot: max(p.token, 0) for slot, p in dec.step(feeds).items()}
+    elapsed = time.perf_counter() - t0
+    for slot in range(streams):
+        dec.seqs[slot].reset()
+    return streams * steps / elapsed
 
 
 def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int) -> dict[str, float]:
@@ -105,19 +110,18 @@ def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int) -> dict[str, floa
 
 
 def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: str, prompts: tuple[int, ...],
-              depths: tuple[int, ...], chunk: int = 256, decode_steps: int = 64) -> dict[str, Any]:
+              depths: tuple[int, ...], chunk: int = 256, decode_steps: int = 64,
+              streams: tuple[int, ...] = (1, 2, 4, 8)) -> dict[str, Any]:
     """All measurements for one model; see the module docstring for the method."""
     micro = run_microbench(card, shape if shape in ("0.8b", "9b", "27b") else "9b")
     read_ceiling = max(g["gb_per_s"] for g in micro["gemv"])
     gemm = gemm_tops(card, cfg, chunk)
     capacity = max(max(prompts), max(depths) + decode_steps + 2) + 8
-    fwd = ForwardPass(card, cfg, weights, chunk)
-    seq = DeviceSequence(card, cfg, capacity, label="bench")
-    prefill = {n: prefill_speed(fwd, seq, n, chunk) for n in prompts}
-    decoder = DecodeGraph(fwd, GpuSampler(card, cfg.vocab_size), seq)
+    dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk)
+    prefill = {n: prefill_speed(dec, n) for n in prompts}
     decode = {}
     for depth in depths:
-        tps = decode_speed(decoder, depth, decode_steps)
+        tps = decode_speed(dec, 1, depth, decode_steps)
         nbytes = decode_bytes(cfg, depth)
         gbps = nbytes * tps / 1e9
         decode[depth] = {
@@ -125,8 +129,15 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
             "fraction_of_read_ceiling": gbps / read_ceiling, "fraction_of_copy": gbps / micro["copy_gb_per_s"],
             "projected_cmp_tokens_per_s": CMP_READ_GBPS * 1e9 * (gbps / read_ceiling) / nbytes,
         }
-    fwd.set_batch(np.ones(1, np.int32), depths[0])
-    breakdown = kernel_breakdown(card, lambda: (fwd.run(1, seq), decoder.sampler.argmax(fwd.logits)))
+    seq, fwd = dec.seqs[0], dec.fwd
+    seq.next_position = depths[0]
+    fwd.set_batch(np.ones(1, np.int32), seq)
+    breakdown = kernel_breakdown(card, lambda: (fwd.run(1, seq), dec.samplers[0].argmax(fwd.logits)))
+    batched = SlotDecoder(card, cfg, weights, depths[0] + decode_steps + 8, min(MAX_SLOTS, max(streams)), chunk)
+    multi = {}
+    for n in streams:
+        tps = decode_speed(batched, n, depths[0], decode_steps)
+        multi[n] = {"tokens_per_s": tps, "per_stream_tokens_per_s": tps / n}
     dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
     speedup = None
     if 4096 in prefill:
@@ -139,6 +150,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "prefill_tokens_per_s": prefill,
         "projected_cmp_prefill_tokens_per_s": {n: tps / dp4a_ratio for n, tps in prefill.items()},
         "decode": decode,
+        "concurrent_streams": {"depth": depths[0], "streams": multi},
         "prefill_4k_vs_fastest_decode": speedup,
         "decode_kernel_breakdown": {"depth": depths[0], **breakdown},
         "qengine_cmp": QENGINE.get(shape),
@@ -162,6 +174,10 @@ def render_table(r: dict[str, Any]) -> str:
     for depth, d in r["decode"].items():
         lines.append(f"{depth:>6}   {d['tokens_per_s']:>10.1f}   {d['gb_per_s']:>4.0f}   "
                      f"{100 * d['fraction_of_read_ceiling']:>14.0f}   {d['projected_cmp_tokens_per_s']:>17.1f}")
+    m = r["concurrent_streams"]
+    lines.append(f"streams at depth {m['depth']}   aggregate t/s   per stream t/s")
+    for n, d in m["streams"].items():
+        lines.append(f"{n:>7}   {d['tokens_per_s']:>13.1f}   {d['per_stream_tokens_per_s']:>14.1f}")
     b = r["decode_kernel_breakdown"]
     lines.append(f"decode step at depth {b['depth']}: {b['whole_us']:.0f} us whole, {b['sum_of_parts_us']:.0f} us as parts:")
     for name, k in list(b["kernels"].items())[:8]:

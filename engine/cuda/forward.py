@@ -1,9 +1,13 @@
 """The model's forward pass on one card: the kernel sequence for a batch of T tokens (spec §6).
 
 Every buffer is allocated once, here, for at most `max_tokens` tokens per batch (the prefill chunk);
-per-step values (position, token count) live in the `step` device buffer and the token ids in `ids`,
-so the decode sequence (T = 1) can be captured as a CUDA graph and replayed with new values written
-into those two buffers. Activations: the residual stream `h` is fp32; every matmul input is Q8_1
+per-step values (position, token count) live in each sequence's `step` device buffer and the token
+ids in `ids`, so decode can be captured as a CUDA graph and replayed with new values written there.
+
+Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_batch`
+one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
+B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
+GDN with its state) run row by row on each sequence's own state. Activations: the residual stream `h` is fp32; every matmul input is Q8_1
 (quantized by the norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is
 fp16; GDN state fp32 (architecture.md "Precision contract").
 
@@ -21,7 +25,7 @@ from engine.cuda.embedding import embed_q8_0
 from engine.cuda.gemm import gemm_q8
 from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8, quantize_q8_1
-from engine.cuda.sequence import DeviceSequence
+from engine.cuda.sequence import AttentionCache, DeviceSequence
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import Rope
@@ -43,7 +47,6 @@ class ForwardPass:
         self.card, self.cfg, self.w, self.max_tokens = card, cfg, weights, max_tokens
         c = cfg
         self.ids = card.alloc(4 * max_tokens, "ids")
-        self.step = card.alloc(4 * 2, "step")
         self.h = card.alloc(F32 * max_tokens * c.d_model, "h")
         rows = [2 * c.d_ff]
         if c.gdn_layers:
@@ -54,7 +57,7 @@ class ForwardPass:
         self.q8: dict[int, Q8Activations] = {}
         for width in {c.d_model, c.d_ff, c.ssm_d_inner, c.q_dim}:
             self.q8[width] = alloc_q8_activations(card, width, max_tokens, f"x{width}")
-        self.logits = card.alloc(F32 * c.vocab_size, "logits")
+        self.logits = card.alloc(F32 * MAX_GEMV_TOKENS * c.vocab_size, "logits")  # [row][V]
         if c.gdn_layers:
             self.conv_out = card.alloc(F32 * max_tokens * c.ssm_conv_dim, "gdn.conv_out")
             self.gdn_y = card.alloc(F32 * max_tokens * c.ssm_d_inner, "gdn.y")
@@ -86,33 +89,51 @@ class ForwardPass:
             grid, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), None, out.xq, out.xd, np.int32(d)
         )
 
+    def logits_row(self, row: int) -> DeviceBuffer:
+        v = self.cfg.vocab_size
+        return self.logits.view(F32 * row * v, F32 * v)
+
     # ---- the pass --------------------------------------------------------------------------------
-    def set_batch(self, token_ids: np.ndarray, pos: int) -> None:
-        """Write the batch's ids and position into the device buffers the kernels read."""
+    def set_batch(self, token_ids: np.ndarray, seq: DeviceSequence) -> None:
+        """Write the batch's ids, and the sequence's position and token count, where the kernels read them."""
         n = len(token_ids)
         if not 1 <= n <= self.max_tokens:
             raise ValueError(f"a batch holds 1..{self.max_tokens} tokens, not {n}")
         self.ids.view(0, 4 * n).upload(np.asarray(token_ids, dtype=np.int32))
-        self.step.upload(np.array([pos, n], dtype=np.int32))
+        seq.set_step(n)
 
     def run(self, n: int, seq: DeviceSequence) -> None:
-        """Launch the whole pass for the n tokens in `ids` at `step`; logits of the last token → `logits`."""
+        """The pass for the n tokens in `ids` continuing `seq` (at its `step`); the last token's logits → row 0."""
         cfg = self.cfg
         embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
         for i, layer in enumerate(self.w.layers):
-            self._layer(i, layer, n, seq)
+            self._layer(i, layer, n, [seq])
         x = self.q8[cfg.d_model]
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
         self._norm(last, self.w.output_norm, x, 1)
         gemv_q8(self.card, self.w.lm_head, x, self.logits, 1)
 
-    def _layer(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
+    def run_batch(self, seqs: list[DeviceSequence]) -> None:
+        """One token per sequence (row b of `ids` continues seqs[b], each at its own `step`, which must say
+        n_tokens = 1); the logits of row b → `logits_row(b)`."""
+        n, cfg = len(seqs), self.cfg
+        if not 1 <= n <= MAX_GEMV_TOKENS:
+            raise ValueError(f"a batched step holds 1..{MAX_GEMV_TOKENS} sequences, not {n}")
+        embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
+        for i, layer in enumerate(self.w.layers):
+            self._layer(i, layer, n, seqs)
+        x = self.q8[cfg.d_model]
+        self._norm(self.h, self.w.output_norm, x, n)
+        gemv_q8(self.card, self.w.lm_head, x, self.logits, n)
+
+    def _layer(self, i: int, layer: LayerWeights, n: int, seqs: list[DeviceSequence]) -> None:
+        """`seqs`: one sequence owning all n rows, or n sequences owning one row each."""
         x = self.q8[self.cfg.d_model]
         self._norm(self.h, layer.mixer.attn_norm, x, n)
         if isinstance(layer.mixer, GdnWeights):
-            self._gdn(i, layer.mixer, x, n, seq)
+            self._gdn(i, layer.mixer, x, n, seqs)
         else:
-            self._attention(i, layer.mixer, x, n, seq)
+            self._attention(i, layer.mixer, x, n, seqs)
         f = layer.ffn
         self._norm(self.h, f.post_attention_norm, x, n)
         self._matmul(f.gate_up, x, self.proj, n)
@@ -125,28 +146,51 @@ class ForwardPass:
         )
         self._matmul(f.down, xf, self.h, n, residual=self.h)
 
-    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, seq: DeviceSequence) -> None:
+    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence]) -> None:
         c = self.cfg
         self._matmul(w.in_proj, x, self.proj, n)
         widths = (c.ssm_conv_dim, c.ssm_d_inner, c.ssm_n_v_heads, c.ssm_n_v_heads)
-        inputs = GdnInputs(*(Rows(self._segment(w.in_proj, s, n), widths[s]) for s in range(4)))
+        segments = [self._segment(w.in_proj, s, n) for s in range(4)]
         y = self.q8[c.ssm_d_inner]
         fused_q8 = c.ssm_d_head_v % 32 == 0  # the fused Q8_1 output needs whole 32-blocks per head
-        gdn_mixer(self.card, self.gdn_dims, w, seq.gdn[i], inputs, self.conv_out, self.gdn_y, self.head_done, n,
-                  c.rms_eps, y_q8=y if fused_q8 else None)
+        for row, tokens, seq in self._row_groups(n, seqs):
+            inputs = GdnInputs(*(Rows(_rows(segments[s], widths[s], row, tokens), widths[s]) for s in range(4)))
+            gdn_mixer(self.card, self.gdn_dims, w, seq.gdn[i], inputs, self.conv_out,
+                      _rows(self.gdn_y, c.ssm_d_inner, row, tokens), self.head_done, tokens, c.rms_eps,
+                      y_q8=_q8_rows(y, row, tokens) if fused_q8 else None)
         if not fused_q8:
             quantize_q8_1(self.card, self.gdn_y, y, n)
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
 
-    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seq: DeviceSequence) -> None:
-        c, card, cache = self.cfg, self.card, seq.kv[i]
+    @staticmethod
+    def _row_groups(n: int, seqs: list[DeviceSequence]) -> list[tuple[int, int, DeviceSequence]]:
+        """(first row, rows, sequence) for each sequence's share of the n rows."""
+        if len(seqs) == 1:
+            return [(0, n, seqs[0])]
+        if len(seqs) != n:
+            raise ValueError(f"{len(seqs)} sequences cannot share {n} rows (one row each, or all to one)")
+        return [(b, 1, seq) for b, seq in enumerate(seqs)]
+
+    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence]) -> None:
+        c = self.cfg
         self._matmul(w.qkv, x, self.proj, n)
         qg, k, v = (self._segment(w.qkv, s, n) for s in range(3))
+        xo = self.q8[c.q_dim]
+        for row, tokens, seq in self._row_groups(n, seqs):
+            self._attend(seq, seq.kv[i], w, _rows(qg, 2 * c.q_dim, row, tokens), _rows(k, c.kv_dim, row, tokens),
+                         _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens)
+        self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
+
+    def _attend(self, seq: DeviceSequence, cache: AttentionCache, w: AttentionWeights, qg: DeviceBuffer,
+                k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int) -> None:
+        """Gated attention of one sequence's n tokens: prep (norms, RoPE, KV append), flash attention over
+        its cache, merge with the sigmoid gate into Q8_1 rows `xo`."""
+        c, card = self.cfg, self.card
         sections = c.rope_sections
         card.kernel("attn_prep").launch(
             n * (c.n_head + c.n_head_kv), c.head_dim,
             qg, np.int32(2 * c.q_dim), k, np.int32(c.kv_dim), v, np.int32(c.kv_dim),
-            w.q_norm, w.k_norm, self.inv_freq, None, self.step, self.q_out, cache.k, cache.v,
+            w.q_norm, w.k_norm, self.inv_freq, None, seq.step, self.q_out, cache.k, cache.v,
             np.int32(c.n_head), np.int32(c.n_head_kv), np.int32(c.rope_dims), np.int32(sections[1]),
             np.int32(sections[2]), np.int32(seq.capacity), np.float32(c.rms_eps),
         )
@@ -156,7 +200,7 @@ class ForwardPass:
         if n == 1:
             splits = self.decode_splits
             card.kernel(f"attn_decode_d{c.head_dim}_g{group}").launch(
-                c.n_head_kv * splits, ATTN_DECODE_THREADS, self.q_out, cache.k, cache.v, self.step, *parts,
+                c.n_head_kv * splits, ATTN_DECODE_THREADS, self.q_out, cache.k, cache.v, seq.step, *parts,
                 np.int32(seq.capacity), np.int32(splits), scale,
             )
         else:
@@ -164,12 +208,22 @@ class ForwardPass:
             kv_len = seq.next_position + n
             splits = max(1, min(MAX_PREFILL_SPLITS, -(-2 * card.sm_count // (q_tiles * c.n_head_kv)), -(-kv_len // 256)))
             card.kernel(f"attn_prefill_d{c.head_dim}").launch(
-                q_tiles * c.n_head_kv * splits, ATTN_PREFILL_THREADS, self.q_out, cache.k, cache.v, self.step, *parts,
+                q_tiles * c.n_head_kv * splits, ATTN_PREFILL_THREADS, self.q_out, cache.k, cache.v, seq.step, *parts,
                 np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv), np.int32(seq.capacity), np.int32(splits), scale,
             )
-        xo = self.q8[c.q_dim]
         card.kernel("attn_merge_gate").launch(
             n * c.n_head, c.head_dim, *parts, np.int32(splits), qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),
             np.int32(2 * c.q_dim), np.int32(2 * c.head_dim), np.int32(c.n_head), None, xo.xq, xo.xd,
         )
-        self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
+
+
+def _rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:
+    """Rows [first, first + count) of a [T][width] fp32 matrix."""
+    return buf.view(F32 * first * width, F32 * count * width)
+
+
+def _q8_rows(x: Q8Activations, first: int, count: int) -> Q8Activations:
+    """Rows [first, first + count) of Q8_1 activations."""
+    blocks = x.k // 32
+    return Q8Activations(x.xq.view(first * x.k, count * x.k), x.xd.view(F32 * first * blocks, F32 * count * blocks),
+                         x.k, count)

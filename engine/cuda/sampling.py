@@ -75,7 +75,9 @@ class GpuSampler:
     `argmax` can be captured in a CUDA graph.
     """
 
-    def __init__(self, card: CudaCard, vocab: int, label: str = "sampler", parts: int | None = None):
+    def __init__(self, card: CudaCard, vocab: int, label: str = "sampler", parts: int | None = None,
+                 token: DeviceBuffer | None = None):
+        """`token`: where picks go (4 bytes; e.g. a slot's place in a buffer read back once for all slots)."""
         if vocab < 1:
             raise ValueError(f"vocabulary size {vocab} must be positive")
         self.card = card
@@ -88,7 +90,7 @@ class GpuSampler:
         self.hist = card.alloc(8 * HIST_BINS, f"{label}.hist")
         self.counts = card.alloc(4 * vocab, f"{label}.counts")
         self.scores = card.alloc(4 * vocab, f"{label}.scores")
-        self.token = card.alloc(4, f"{label}.token")
+        self.token = token if token is not None else card.alloc(4, f"{label}.token")
         self.hist.fill_zero()  # the kernels leave it zeroed after every pass
         self.counts.fill_zero()
 

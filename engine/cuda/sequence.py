@@ -1,8 +1,10 @@
-"""One sequence's state on a card: the fp16 KV cache of every attention layer and the fp32 GDN state.
+"""One sequence's state on a card: the fp16 KV cache of every attention layer, the fp32 GDN state, and
+the sequence's per-step values (`step`: position of the next token, tokens in the batch).
 
 Sizes are fixed at creation (capacity = the planned context), so nothing is allocated while a request
-runs and captured graphs keep valid pointers. Snapshots are device-to-device copies: restoring a
-conversation prefix never crosses PCIe (anchor-qengine.md §7.8).
+runs and captured graphs keep valid pointers. `copy_from` is a device-to-device copy (anchor-qengine.md
+§7.8); `snapshot`/`restore` copy only the used KV rows and the GDN state out to host memory and back,
+for the prefix cache, which must not hold a full-context copy per kept turn on a 16 GB card.
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ class GdnState:
 class DeviceSequence:
     """KV caches and GDN states for one sequence, plus the next position (spec §6.9, §8)."""
 
-    def __init__(self, card: CudaCard, cfg: ModelConfig, capacity: int, label: str = "seq"):
+    def __init__(self, card: CudaCard, cfg: ModelConfig, capacity: int, label: str = "seq",
+                 step: DeviceBuffer | None = None):
+        """`step`: 8 bytes for [pos, n_tokens] (e.g. a view into a buffer shared by all slots, so one
+        copy updates every slot's position before a batched step); allocated here when None."""
         self.card, self.cfg, self.capacity = card, cfg, capacity
+        self.step = step if step is not None else card.alloc(8, f"{label}.step")
         self.next_position = 0
         self.kv: dict[int, AttentionCache] = {}
         self.gdn: dict[int, GdnState] = {}
@@ -67,6 +73,44 @@ class DeviceSequence:
         for dst, src in zip(self.buffers(), other.buffers()):
             dst.copy_from(src)
         self.next_position = other.next_position
+
+    def set_step(self, n_tokens: int) -> None:
+        """Write [next_position, n_tokens] for a pass over this sequence alone (synchronous)."""
+        self.step.upload(np.array([self.next_position, n_tokens], dtype=np.int32))
+
+    def snapshot(self) -> tuple[int, list[np.ndarray]]:
+        """(position, host copies): the used rows [Hkv][pos][Dh] of every K and V cache, then the GDN states."""
+        pos, parts = self.next_position, []
+        for c in self.kv.values():
+            for buf in (c.k, c.v):
+                parts.append(np.stack([self._kv_rows(buf, h, pos).download(np.float16, (pos, self.cfg.head_dim))
+                                       for h in range(self.cfg.n_head_kv)]) if pos else
+                             np.zeros((self.cfg.n_head_kv, 0, self.cfg.head_dim), np.float16))
+        for st in self.gdn.values():
+            parts += [st.conv.download(np.float32, st.conv.nbytes // F32), st.recurrent.download(np.float32, st.recurrent.nbytes // F32)]
+        return pos, parts
+
+    def restore(self, snapshot: tuple[int, list[np.ndarray]]) -> None:
+        """Return to a `snapshot` of a sequence of the same model (its KV rows beyond the position stay stale
+        but unread: attention reads rows below the position only)."""
+        pos, parts = snapshot
+        if pos > self.capacity:
+            raise ValueError(f"a snapshot at position {pos} does not fit a sequence of capacity {self.capacity}")
+        it = iter(parts)
+        for c in self.kv.values():
+            for buf in (c.k, c.v):
+                rows = next(it)
+                for h in range(self.cfg.n_head_kv):
+                    if pos:
+                        self._kv_rows(buf, h, pos).upload(np.ascontiguousarray(rows[h]))
+        for st in self.gdn.values():
+            st.conv.upload(next(it))
+            st.recurrent.upload(next(it))
+        self.next_position = pos
+
+    def _kv_rows(self, buf: DeviceBuffer, head: int, rows: int) -> DeviceBuffer:
+        row_bytes = self.cfg.head_dim * F16
+        return buf.view(head * self.capacity * row_bytes, rows * row_bytes)
 
     def download_gdn_state(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(conv [Kc-1, Cc], recurrent [Hv, dk, dv]) of one GDN layer, for tests and debugging."""

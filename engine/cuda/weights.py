@@ -20,6 +20,7 @@ from gguf.quants import quantize
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.gemv import Q8Weight, upload_q8_weight
 from engine.cuda.q8_layout import split_q8_0
+from engine.generation.load_progress import ProgressCounter
 from engine.gguf.config import ModelConfig
 from engine.gguf.model_file import ModelFile
 
@@ -77,21 +78,38 @@ def q8_parts(mf: ModelFile, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Uploader:
-    """Uploads tensors of one file under labels that name the tensor, for the card's byte ledger."""
+    """Uploads tensors of one file under labels that name the tensor, for the card's byte ledger;
+    counts the file bytes of each uploaded tensor into `progress`."""
 
-    def __init__(self, card: CudaCard, mf: ModelFile):
-        self.card, self.mf = card, mf
+    def __init__(self, card: CudaCard, mf: ModelFile, progress: ProgressCounter | None):
+        self.card, self.mf, self.progress = card, mf, progress
+
+    def _done(self, *names: str) -> None:
+        if self.progress is not None:
+            self.progress.add(sum(self.mf.tensors[n].n_bytes for n in names))
 
     def f32(self, name: str) -> DeviceBuffer:
-        return self.card.upload(np.ascontiguousarray(self.mf.tensor(name), dtype=np.float32), name)
+        buf = self.card.upload(np.ascontiguousarray(self.mf.tensor(name), dtype=np.float32), name)
+        self._done(name)
+        return buf
 
     def q8(self, *names: str) -> Q8Weight:
-        return upload_q8_weight(self.card, [q8_parts(self.mf, n) for n in names], "+".join(names))
+        w = upload_q8_weight(self.card, [q8_parts(self.mf, n) for n in names], "+".join(names))
+        self._done(*names)
+        return w
 
 
-def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig) -> ModelWeights:
+def trunk_bytes(mf: ModelFile, cfg: ModelConfig) -> int:
+    """File bytes of the tensors `upload_weights` uploads (all but the MTP blocks, numbered from n_layers)."""
+    def in_trunk(name: str) -> bool:
+        return not name.startswith("blk.") or int(name.split(".")[1]) < cfg.n_layers
+
+    return sum(t.n_bytes for name, t in mf.tensors.items() if in_trunk(name))
+
+
+def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: ProgressCounter | None = None) -> ModelWeights:
     """Every trunk tensor of `mf` on `card` (the MTP block stays on the host until MTP lands)."""
-    up = _Uploader(card, mf)
+    up = _Uploader(card, mf, progress)
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."

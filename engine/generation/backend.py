@@ -13,7 +13,9 @@ import numpy as np
 
 from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
+from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.gguf.loader import LoadedModel
+from engine.gguf.model_file import ModelFile
 
 BACKEND_CHOICES = ("auto", "reference", "cuda")
 
@@ -34,16 +36,35 @@ class Backend(Protocol):
         """Release devices and memory; the backend is unusable afterwards."""
 
 
+class _CountingFile:
+    """A `ModelFile` whose `tensor()` reports each tensor's file bytes, for load progress."""
+
+    def __init__(self, mf: ModelFile, progress: ProgressCounter):
+        self._mf, self._progress = mf, progress
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mf, name)
+
+    def tensor(self, name: str) -> np.ndarray:
+        out = self._mf.tensor(name)
+        self._progress.add(self._mf.tensors[name].n_bytes)
+        return out
+
+
 class ReferenceBackend:
     """The numpy fp32 forward pass (engine.reference): slow, exact, the truth other backends match."""
 
     name = "reference"
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, progress: ProgressCallback | None = None):
         from engine.reference.model import ReferenceModel
 
-        self.model = ReferenceModel.from_model_file(loaded.file)
+        total = sum(t.n_bytes for t in loaded.file.tensors.values())
+        counter = ProgressCounter(progress, 0, total, "reading weights")
+        counter.report()
+        self.model = ReferenceModel.from_model_file(_CountingFile(loaded.file, counter))  # type: ignore[arg-type]
         self.config = self.model.cfg
+        counter.enter("ready")
 
     def new_sequence(self) -> Any:
         return self.model.new_state()
@@ -56,17 +77,21 @@ class ReferenceBackend:
         """Nothing to release: the weights are ordinary numpy arrays."""
 
 
-def open_backend(name: str, loaded: LoadedModel, context: int | None = None) -> Backend:
+def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
+                 progress: ProgressCallback | None = None, slots: int = 1) -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
+    `progress` receives `LoadProgress` reports and may raise `LoadCancelled`; the backend frees what it
+    had allocated before the exception propagates. `slots`: sequences decoded together (the CUDA
+    backend allocates a KV cache and GDN state for each; the reference makes them on demand).
     """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
 
         name = "reference" if gpu_unavailable_reason() else "cuda"
     if name == "reference":
-        return ReferenceBackend(loaded)
+        return ReferenceBackend(loaded, progress)
     if name == "cuda":
         from engine.cuda.backend import CudaBackend
         from engine.cuda.driver import gpu_unavailable_reason
@@ -74,5 +99,5 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None) -> 
         reason = gpu_unavailable_reason()
         if reason:
             raise RigllmError(f"the CUDA backend cannot run here: {reason}")
-        return CudaBackend(loaded, context=context)
+        return CudaBackend(loaded, context=context, slots=slots, progress=progress)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -16,7 +16,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.server.api_errors import APIError, error_response, install_error_handlers
-from engine.server.generation_job import Failed, Job
+from engine.server.generation_job import AsyncSink, Failed, Job
 from engine.server.model_service import ModelService
 from engine.server.responses import CompletionShape, collect, stream_chunks
 from engine.server.tokenize_api import add_tokenize_routes
@@ -72,30 +72,33 @@ def create_app(service: ModelService, worker: GenerationWorker, api_key: str | N
 
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": service.model_id, "label": label, "backend": worker.backend_name,
-                "context_length": service.context_length, "busy": worker.busy, "queued": worker.waiting}
+                "context_length": service.context_length, "slots": worker.slot_count, "active": worker.active,
+                "busy": worker.busy, "queued": worker.waiting}
 
-    async def run(job: Job, shape: CompletionShape, stream: bool, include_usage: bool):
+    async def run(job: Job, sink: AsyncSink, shape: CompletionShape, stream: bool, include_usage: bool):
         try:
             worker.submit(job)
         except QueueFull as err:
             raise APIError(503, str(err), code="queue_full") from None
         if stream:
-            return StreamingResponse(stream_chunks(job, shape, include_usage), media_type="text/event-stream",
+            return StreamingResponse(stream_chunks(job, sink, shape, include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        result = await collect(job, shape)
+        result = await collect(job, sink, shape)
         if isinstance(result, Failed):
             return error_response(500, result.message)
         return JSONResponse(result)
 
     async def chat_completions(req: ChatCompletionRequest):
-        job = await asyncio.to_thread(service.chat_job, req, asyncio.get_running_loop())
+        sink = AsyncSink(asyncio.get_running_loop())
+        job = await asyncio.to_thread(service.chat_job, req, sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(job, CompletionShape(service.model_id, chat=True), bool(req.stream), include_usage)
+        return await run(job, sink, CompletionShape(service.model_id, chat=True), bool(req.stream), include_usage)
 
     async def completions(req: CompletionRequest):
-        job = await asyncio.to_thread(service.completion_job, req, asyncio.get_running_loop())
+        sink = AsyncSink(asyncio.get_running_loop())
+        job = await asyncio.to_thread(service.completion_job, req, sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(job, CompletionShape(service.model_id, chat=False), bool(req.stream), include_usage)
+        return await run(job, sink, CompletionShape(service.model_id, chat=False), bool(req.stream), include_usage)
 
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])

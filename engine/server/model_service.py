@@ -6,8 +6,8 @@ no generation time and always gets a 400 (or 404) instead of failing mid-stream.
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.loader import LoadedModel
 from engine.server.api_errors import APIError
-from engine.server.generation_job import Job
+from engine.server.generation_job import Event, Job
 from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 
@@ -41,7 +41,7 @@ class ModelService:
             raise APIError(404, f"The model '{requested}' does not exist; this server serves '{self.model_id}'",
                            param="model", code="model_not_found")
 
-    def chat_job(self, req: ChatCompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def chat_job(self, req: ChatCompletionRequest, sink: Callable[[Event], None]) -> Job:
         self.check_model(req.model)
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise APIError(400, f"response_format '{req.response_format.get('type')}' is not supported yet "
@@ -62,9 +62,11 @@ class ModelService:
             code = "context_length_exceeded" if "context holds" in str(err) else None
             raise APIError(400, str(err), param="messages", code=code) from None
         limit = req.max_completion_tokens or req.max_tokens
-        return self._job(req, prompt.token_ids, limit, prompt.thinking, tools, loop)
+        job = self._job(req, prompt.token_ids, limit, prompt.thinking, tools, sink)
+        job.turn_start = self.turn_start(prompt.token_ids)
+        return job
 
-    def completion_job(self, req: CompletionRequest, loop: asyncio.AbstractEventLoop) -> Job:
+    def completion_job(self, req: CompletionRequest, sink: Callable[[Event], None]) -> Job:
         self.check_model(req.model)
         if req.echo:
             raise APIError(400, "echo is not supported yet", param="echo")
@@ -77,7 +79,16 @@ class ModelService:
         if len(ids) >= self.context_length:
             raise APIError(400, f"the prompt is {len(ids)} tokens, the context holds {self.context_length}",
                            param="prompt", code="context_length_exceeded")
-        return self._job(req, ids, req.max_tokens, False, None, loop)
+        return self._job(req, ids, req.max_tokens, False, None, sink)
+
+    def turn_start(self, prompt_ids: list[int]) -> int:
+        """Tokens before the prompt's generation header (its last `<|im_start|>`): a turn boundary that
+        the next request of the same chat repeats, so the state there is worth keeping."""
+        marker = self.tokenizer.token_to_id("<|im_start|>")
+        for i in range(len(prompt_ids) - 1, 0, -1):
+            if prompt_ids[i] == marker:
+                return i
+        return 0
 
     def _tools(self, req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
         choice = req.tool_choice
@@ -89,7 +100,7 @@ class ModelService:
                        param="tool_choice")
 
     def _job(self, req: SamplingFields, prompt_ids: list[int], limit: int | None, thinking: bool,
-             tools: list[dict[str, Any]] | None, loop: asyncio.AbstractEventLoop) -> Job:
+             tools: list[dict[str, Any]] | None, sink: Callable[[Event], None]) -> Job:
         if req.n != 1:
             raise APIError(400, f"n must be 1 (got {req.n}): one choice per request is supported", param="n")
         if req.logprobs:
@@ -105,7 +116,7 @@ class ModelService:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 4:
             raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
-        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, loop)
+        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink)
 
 
 def template_message(index: int, message: ChatMessage) -> dict[str, Any]:

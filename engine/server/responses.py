@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
 from engine.server.api_errors import error_body
-from engine.server.generation_job import Failed, Finished, Job, Piece
+from engine.server.generation_job import AsyncSink, Failed, Finished, Job, Piece
 
 
 def usage(done: Finished) -> dict[str, Any]:
@@ -24,14 +24,15 @@ def usage(done: Finished) -> dict[str, Any]:
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
         "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
     }
 
 
-async def job_results(job: Job) -> AsyncIterator[Piece | Finished | Failed]:
+async def job_results(job: Job, sink: AsyncSink) -> AsyncIterator[Piece | Finished | Failed]:
     """The job's events until its end; if the consumer stops early, the worker is told to stop."""
     try:
         while True:
-            item = await job.events.get()
+            item = await sink.events.get()
             yield item
             if not isinstance(item, Piece):
                 return
@@ -74,11 +75,11 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def stream_chunks(job: Job, shape: CompletionShape, include_usage: bool) -> AsyncIterator[str]:
+async def stream_chunks(job: Job, sink: AsyncSink, shape: CompletionShape, include_usage: bool) -> AsyncIterator[str]:
     if shape.chat:
         yield _sse(shape.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}], chunk=True))
-    async for item in job_results(job):
+    async for item in job_results(job, sink):
         if isinstance(item, Piece):
             for delta in (_delta_events(item.events) if shape.chat else
                           [{"text": e.text} for e in item.events if isinstance(e, ContentDelta)]):
@@ -94,10 +95,10 @@ async def stream_chunks(job: Job, shape: CompletionShape, include_usage: bool) -
     yield _sse("[DONE]")
 
 
-async def collect(job: Job, shape: CompletionShape) -> dict[str, Any] | Failed:
+async def collect(job: Job, sink: AsyncSink, shape: CompletionShape) -> dict[str, Any] | Failed:
     """The whole response object, or the failure that ended the job."""
     reasoning, content, calls = [], [], []
-    async for item in job_results(job):
+    async for item in job_results(job, sink):
         if isinstance(item, Failed):
             return item
         if isinstance(item, Piece):

@@ -1,38 +1,45 @@
-"""The one thread that owns the backend: it opens it, runs queued jobs one at a time, and closes it.
+"""The one thread that owns the backend: it opens it, runs the scheduler over its slots, and closes it.
 
 Backends are single-owner (contracts.md, "Threads and ownership"), so requests never touch the
-backend themselves; they put a `Job` on a bounded queue and read its events. A full queue is
-refused at once (503) rather than letting requests pile up. This is the simple form of the
-scheduler: one slot, no batching, no prefix cache.
+backend themselves; they put a `Job` on a bounded queue and read its events through the job's sink.
+Jobs wait in the queue until a slot frees; a full queue is refused at once (503) rather than letting
+requests pile up.
 """
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
 
 from engine.generation.backend import Backend
+from engine.generation.prefix_cache import PrefixCache
+from engine.generation.slots import slot_backend
 from engine.generation.tokenizer import Tokenizer
-from engine.server.generation_job import Failed, Job, run_job
+from engine.server.generation_job import Job
+from engine.server.scheduler import Scheduler
 
-log = logging.getLogger("rigllm.server")
-
+DEFAULT_SLOTS = 4
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 class QueueFull(Exception):
     """More requests are waiting than the queue holds."""
 
 
 class GenerationWorker:
-    def __init__(self, open_backend: Callable[[], Backend], tokenizer: Tokenizer, max_queue: int = 16):
+    def __init__(self, open_backend: Callable[[], Backend], tokenizer: Tokenizer, max_queue: int = 16,
+                 slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
+        """`slots`: requests decoded together (a backend with its own slot count keeps that one);
+        `prefix_cache_bytes`: host memory for kept turn-boundary states (0 disables the cache)."""
         self._open_backend = open_backend
         self._tokenizer = tokenizer
+        self._slots = slots
+        self._cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
+        self._scheduler: Scheduler | None = None
         self.backend_name = ""
-        self.busy = False
         self._thread = threading.Thread(target=self._run, name="rigllm-generation", daemon=True)
 
     def start(self) -> None:
@@ -46,6 +53,19 @@ class GenerationWorker:
     def waiting(self) -> int:
         return self._jobs.qsize()
 
+    @property
+    def active(self) -> int:
+        """Requests holding a slot now (prefilling or decoding)."""
+        return self._scheduler.active if self._scheduler else 0
+
+    @property
+    def slot_count(self) -> int:
+        return len(self._scheduler.slots) if self._scheduler else 0
+
+    @property
+    def busy(self) -> bool:
+        return self.active > 0
+
     def submit(self, job: Job) -> None:
         try:
             self._jobs.put_nowait(job)
@@ -53,31 +73,22 @@ class GenerationWorker:
             raise QueueFull(f"{self._jobs.maxsize} requests are already waiting; try again shortly") from None
 
     def stop(self) -> None:
-        """Finish the current job, drop the thread's backend, and end the thread."""
+        """Finish the running jobs, drop the thread's backend, and end the thread."""
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
 
     def _run(self) -> None:
         try:
-            backend = self._open_backend()
+            backend = slot_backend(self._open_backend(), self._slots)
         except BaseException as err:  # reported to start(), which re-raises in the caller's thread
             self._startup_error = err
             self._ready.set()
             return
         self.backend_name = backend.name
+        self._scheduler = Scheduler(backend, self._tokenizer, self._cache)
         self._ready.set()
         try:
-            while (job := self._jobs.get()) is not None:
-                if job.cancelled.is_set():
-                    continue
-                self.busy = True
-                try:
-                    job.post(run_job(backend, self._tokenizer, job))
-                except Exception as err:  # a bug in generation must not kill the server's only worker
-                    log.exception("generation failed")
-                    job.post(Failed(f"generation failed: {type(err).__name__}: {err}"))
-                finally:
-                    self.busy = False
+            self._scheduler.run(self._jobs)
         finally:
             backend.close()

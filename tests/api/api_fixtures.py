@@ -6,6 +6,7 @@ backend; everything else (template, tokenizer, parser, wire format) is the produ
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -17,11 +18,11 @@ import numpy as np
 import openai
 import uvicorn
 
-from engine.generation.backend import Backend
+from engine.generation.backend import Backend, open_backend
 from engine.gguf.loader import LoadedModel
 from engine.server.app import create_app
 from engine.server.model_service import ModelService
-from engine.server.worker import GenerationWorker
+from engine.server.worker import DEFAULT_SLOTS, GenerationWorker
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,24 @@ class LiveServer:
         return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=60)
 
 
+TEST_BACKEND = os.environ.get("RIGLLM_TEST_BACKEND", "reference")
+
+
+def model_backend(loaded: LoadedModel, context: int | None = None) -> Callable[[], Backend]:
+    """The backend the API tests run on: the reference (CI), or the GPU with RIGLLM_TEST_BACKEND=cuda."""
+    return lambda: open_backend(TEST_BACKEND, loaded, context=context, slots=DEFAULT_SLOTS)
+
+
 @contextmanager
 def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
                 api_key: str | None = None, max_queue: int = 16,
-                cors_origins: Sequence[str] = (), context_length: int | None = None) -> Iterator[LiveServer]:
+                cors_origins: Sequence[str] = (), context_length: int | None = None,
+                slots: int = DEFAULT_SLOTS) -> Iterator[LiveServer]:
     """`context_length` below the model's keeps fuzzed requests short (generation stops at the context)."""
     service = ModelService.from_loaded(loaded)
     if context_length is not None:
         service = replace(service, context_length=context_length)
-    worker = GenerationWorker(open_backend, service.tokenizer, max_queue=max_queue)
+    worker = GenerationWorker(open_backend, service.tokenizer, max_queue=max_queue, slots=slots)
     worker.start()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -71,6 +81,7 @@ class ScriptedBackend:
     """
 
     name = "scripted"
+    prefill_chunk = 1 << 30  # a prompt arrives in one call, so the script starts right after it
 
     def __init__(self, config, vocab_size: int, script_for: Callable[[Sequence[int]], list[int]],
                  delay: float = 0.0):

@@ -10,11 +10,10 @@ from keyring.backend import KeyringBackend
 from engine.cli import main
 from engine.commands.serve import api_key, register
 from engine.errors import RigllmError
-from engine.generation.backend import open_backend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.server.access import check_cors_origins
-from api_fixtures import live_server
+from api_fixtures import live_server, model_backend
 
 ALLOWED = "http://localhost:3000"
 KEY = "sk-cors-key"
@@ -27,13 +26,13 @@ def loaded():
 
 @pytest.fixture(scope="module")
 def cors_server(loaded):
-    with live_server(loaded, lambda: open_backend("reference", loaded), api_key=KEY, cors_origins=[ALLOWED]) as live:
+    with live_server(loaded, model_backend(loaded), api_key=KEY, cors_origins=[ALLOWED]) as live:
         yield live
 
 
 @pytest.fixture(scope="module")
 def plain_server(loaded):
-    with live_server(loaded, lambda: open_backend("reference", loaded)) as live:
+    with live_server(loaded, model_backend(loaded)) as live:
         yield live
 
 

@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engine.generation.backend import open_backend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from api_fixtures import live_server
+from api_fixtures import live_server, model_backend
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -22,7 +21,7 @@ ON = {"chat_template_kwargs": {"enable_thinking": True}}
 @pytest.fixture(scope="module")
 def server():
     loaded = load_model(ensure_demo_model())
-    with live_server(loaded, lambda: open_backend("reference", loaded)) as live:
+    with live_server(loaded, model_backend(loaded)) as live:
         yield live
 
 
@@ -140,14 +139,15 @@ def test_chat_stop_string(client, server):
 
 
 def test_concurrent_streams_queue_and_keep_their_own_parameters(client, server):
-    """Eight clients at once, each with its own seed and settings, get what each gets alone."""
+    """Ten clients at once (more than the server's slots), each with its own seed and settings, get what
+    each gets alone."""
     requests = [dict(model=server.model_id, messages=[{"role": "user", "content": f"Count to {i}"}], max_tokens=6,
-                     temperature=0.3 * i, seed=i, extra_body=OFF) for i in range(8)]
+                     temperature=0.3 * i, seed=i, extra_body=OFF) for i in range(10)]
 
     def streamed(args):
         return streamed_chat(client, **args)[1]
 
     alone = [client.chat.completions.create(**args).choices[0].message.content for args in requests]
-    with ThreadPoolExecutor(max_workers=8) as pool:
+    with ThreadPoolExecutor(max_workers=10) as pool:
         together = list(pool.map(streamed, requests))
     assert together == alone

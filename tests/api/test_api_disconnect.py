@@ -1,4 +1,4 @@
-"""A client that leaves mid-stream stops its generation at the next token, freeing the one worker."""
+"""A client that leaves mid-stream stops its generation at the next token, freeing its slot (one slot here)."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +23,7 @@ def server():
     tokenizer = ModelService.from_loaded(loaded).tokenizer
     endless = tokenizer.encode("la la la")  # the last token repeats: never an end token
     backend = lambda: ScriptedBackend(loaded.config, tokenizer.vocab_size, lambda _: endless, STEP_SECONDS)  # noqa: E731
-    with live_server(loaded, backend, max_queue=2) as live:
+    with live_server(loaded, backend, max_queue=2, slots=1) as live:
         yield live
 
 

@@ -5,10 +5,9 @@ import openai
 import pytest
 
 from engine.cli import main
-from engine.generation.backend import open_backend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from api_fixtures import live_server
+from api_fixtures import live_server, model_backend
 
 HELLO = [{"role": "user", "content": "Hello"}]
 KEY = "sk-test-key"
@@ -21,13 +20,13 @@ def loaded():
 
 @pytest.fixture(scope="module")
 def server(loaded):
-    with live_server(loaded, lambda: open_backend("reference", loaded)) as live:
+    with live_server(loaded, model_backend(loaded)) as live:
         yield live
 
 
 @pytest.fixture(scope="module")
 def keyed_server(loaded):
-    with live_server(loaded, lambda: open_backend("reference", loaded), api_key=KEY) as live:
+    with live_server(loaded, model_backend(loaded), api_key=KEY) as live:
         yield live
 
 

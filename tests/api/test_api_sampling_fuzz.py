@@ -11,10 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.generation.backend import open_backend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from api_fixtures import live_server
+from api_fixtures import live_server, model_backend
 
 numbers = st.one_of(st.none(), st.floats(0, 1), st.floats(0, 1), st.floats(), st.floats(-3, 3), st.integers(-5, 5))
 integers = st.one_of(st.none(), st.integers(-3, 200), st.integers(-2**70, 2**70))
@@ -36,7 +35,7 @@ requests = st.one_of(
 @pytest.fixture(scope="module")
 def server():
     loaded = load_model(ensure_demo_model())
-    with live_server(loaded, lambda: open_backend("reference", loaded), context_length=48) as live:
+    with live_server(loaded, model_backend(loaded, 48), context_length=48) as live:
         yield live
 
 

@@ -9,10 +9,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from engine.generation.backend import open_backend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from api_fixtures import live_server
+from api_fixtures import live_server, model_backend
 
 FUZZ_CONTEXT = 48
 
@@ -20,7 +19,7 @@ FUZZ_CONTEXT = 48
 @pytest.fixture(scope="module")
 def api_schema():
     loaded = load_model(ensure_demo_model())
-    with live_server(loaded, lambda: open_backend("reference", loaded), context_length=FUZZ_CONTEXT) as live:
+    with live_server(loaded, model_backend(loaded), context_length=FUZZ_CONTEXT) as live:
         yield schemathesis.openapi.from_url(live.base_url.removesuffix("/v1") + "/openapi.json")
 
 

@@ -3,10 +3,9 @@
 import httpx
 import pytest
 
-from engine.generation.backend import open_backend
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from api_fixtures import live_server
+from api_fixtures import live_server, model_backend
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 
@@ -14,7 +13,7 @@ HELLO = [{"role": "user", "content": "Hello there"}]
 @pytest.fixture(scope="module")
 def server():
     loaded = load_model(ensure_demo_model())
-    with live_server(loaded, lambda: open_backend("reference", loaded)) as live:
+    with live_server(loaded, model_backend(loaded)) as live:
         yield live
 
 

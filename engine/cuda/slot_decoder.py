@@ -1,0 +1,174 @@
+"""Sequence slots on one card: prefill in chunks, and decode steps over any set of slots replayed from
+CUDA graphs with sampling on the card (the engine side of engine.generation.slots.SlotBackend).
+
+A decode step moves only token ids across PCIe: the host writes each slot's token and position,
+replays the graph captured for that set of slots (embedding → all layers on B rows → LM head → each
+slot's sampler) and reads back B ids. Separate from loading (engine.cuda.backend) so benchmarks can
+drive it over synthetic weights.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard
+from engine.cuda.forward import ForwardPass
+from engine.cuda.gemv import MAX_GEMV_TOKENS
+from engine.cuda.sampling import GpuSampler
+from engine.cuda.sequence import DeviceSequence
+from engine.cuda.weights import ModelWeights
+from engine.errors import RigllmError
+from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
+from engine.gguf.config import ModelConfig
+
+MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
+MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots and sampling modes seen)
+
+GraphKey = tuple[tuple[int, bool], ...]  # (slot, greedy) in slot order
+
+
+class DecodeGraph:
+    """One decode step over a fixed list of slots, captured as a CUDA graph ending in each slot's sampler
+    (arg-max for plain-greedy slots, the full sampler otherwise); rows follow the list's order."""
+
+    def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler], greedy: list[bool]):
+        self.fwd, self.card, self.seqs = fwd, fwd.card, seqs
+        with self.card.capture(f"decode x{len(seqs)}") as graph:
+            fwd.run_batch(seqs)
+            for row, (sampler, plain) in enumerate(zip(samplers, greedy)):
+                (sampler.argmax if plain else sampler.sample)(fwd.logits_row(row))
+        self.graph = graph
+
+    def close(self) -> None:
+        self.graph.close()
+
+
+class SlotDecoder:
+    """`slots` sequences of `context` tokens on one card, with their samplers and step graphs."""
+
+    can_snapshot = True
+
+    def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int):
+        if not 1 <= slots <= MAX_SLOTS:
+            raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
+        self.card, self.config, self.context = card, cfg, context
+        self.slot_count, self.prefill_chunk = slots, chunk
+        self.fwd = ForwardPass(card, cfg, weights, chunk)
+        self.steps = card.alloc(8 * slots, "slot steps")  # [slot][pos, n_tokens]
+        self.tokens = card.alloc(4 * slots, "slot tokens")  # each slot's picked token
+        self._host_steps = card.pinned(2 * slots, np.int32)
+        self._host_ids = card.pinned(MAX_SLOTS, np.int32)
+        self._host_tokens = card.pinned(slots, np.int32)
+        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8)) for i in range(slots)]
+        self.samplers = [GpuSampler(card, cfg.vocab_size, f"sampler{i}", token=self.tokens.view(4 * i, 4))
+                         for i in range(slots)]
+        self._greedy = [True] * slots
+        self._host_logits = [False] * slots
+        self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run every batch width and both pickers once: capturing executes nothing, so each kernel (and GEMV
+        variant) must have been loaded by an eager launch before any capture. Leaves every slot empty."""
+        for n in range(1, self.slot_count + 1):
+            self.fwd.ids.view(0, 4 * n).upload(np.zeros(n, np.int32))
+            for seq in self.seqs[:n]:
+                seq.set_step(1)
+            self.fwd.run_batch(self.seqs[:n])
+        for row, sampler in enumerate(self.samplers):
+            sampler.argmax(self.fwd.logits_row(row))
+            sampler.sample(self.fwd.logits_row(row))
+        self.card.synchronize()
+        for seq in self.seqs:
+            seq.reset()
+
+    def slot_of(self, seq: DeviceSequence) -> int:
+        for i, s in enumerate(self.seqs):
+            if s is seq:
+                return i
+        raise ValueError("the sequence is not one of this card's slots")
+
+    def reset_slot(self, slot: int) -> None:
+        self.seqs[slot].reset()
+
+    def prefill(self, token_ids: Sequence[int], seq: DeviceSequence) -> None:
+        """Run the tokens through the model in chunks; the last token's logits end in logits row 0."""
+        ids = np.asarray(token_ids, dtype=np.int32)
+        if seq.next_position + len(ids) > seq.capacity:
+            raise RigllmError(f"{seq.next_position + len(ids)} tokens exceed the context of {seq.capacity}")
+        for start in range(0, len(ids), self.prefill_chunk):
+            part = ids[start : start + self.prefill_chunk]
+            self.fwd.set_batch(part, seq)
+            self.fwd.run(len(part), seq)
+            seq.next_position += len(part)
+
+    def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
+        self.prefill(token_ids, self.seqs[slot])
+
+    def begin(self, slot: int, request: SlotRequest) -> Pick:
+        """Set up the slot's sampler (parameters and the penalty history on the device) and pick from the
+        prefill's logits (row 0)."""
+        sampler, params = self.samplers[slot], request.params
+        self._greedy[slot] = params.plain_greedy
+        self._host_logits[slot] = request.host_logits
+        if params.plain_greedy:
+            sampler.argmax(self.fwd.logits_row(0))
+        else:
+            sampler.configure(params)
+            sampler.reset_counts()
+            ids = np.asarray(request.history, dtype=np.int32)
+            for start in range(0, len(ids), self.prefill_chunk):
+                part = ids[start : start + self.prefill_chunk]
+                self.fwd.ids.view(0, 4 * len(part)).upload(part)
+                sampler.count_tokens(self.fwd.ids, len(part))
+            sampler.sample(self.fwd.logits_row(0))
+        logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
+        return Pick(sampler.read_token(), logits)
+
+    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+        """Feed each slot its token and pick its next one, all in one graph replay."""
+        slots = sorted(feeds)
+        for slot in slots:
+            if self.seqs[slot].next_position >= self.context:
+                raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
+        graph = self._graph([(slot, self._greedy[slot]) for slot in slots])
+        for row, slot in enumerate(slots):
+            self._host_ids[row] = feeds[slot]
+        for slot, seq in enumerate(self.seqs):
+            self._host_steps[2 * slot : 2 * slot + 2] = (seq.next_position, 1)
+        self.fwd.ids.view(0, 4 * len(slots)).upload_async(self._host_ids[: len(slots)])
+        self.steps.upload_async(self._host_steps)
+        self.card.replay(graph.graph)
+        self.tokens.download_async(self._host_tokens)
+        self.card.stream.synchronize()
+        picks = {}
+        for row, slot in enumerate(slots):
+            self.seqs[slot].next_position += 1
+            logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)
+                      if self._host_logits[slot] else None)
+            picks[slot] = Pick(int(self._host_tokens[slot]), logits)
+        return picks
+
+    def _graph(self, key_items: list[tuple[int, bool]]) -> DecodeGraph:
+        """The step graph for these (slot, greedy) pairs, captured on first use; least recently used evicted."""
+        key: GraphKey = tuple(key_items)
+        graph = self._graphs.get(key)
+        if graph is None:
+            slots = [slot for slot, _ in key]
+            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], [self.samplers[s] for s in slots],
+                                [greedy for _, greedy in key])
+            self._graphs[key] = graph
+            if len(self._graphs) > MAX_GRAPHS:
+                self._graphs.popitem(last=False)[1].close()
+        self._graphs.move_to_end(key)
+        return graph
+
+    def snapshot_slot(self, slot: int) -> SlotSnapshot:
+        pos, parts = self.seqs[slot].snapshot()
+        return SlotSnapshot((pos, parts), sum(p.nbytes for p in parts))
+
+    def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
+        self.seqs[slot].restore(snapshot.state)

@@ -1,0 +1,169 @@
+"""Sequence slots: the interface a scheduler drives to decode several requests together.
+
+A slot is one sequence's state (KV cache, GDN state, position) that lives as long as the backend, so
+a finished request's state stays there for a follow-up that extends it. Each step feeds one token to
+every decoding slot at once (on CUDA one batched pass: the weights are read once for all of them) and
+picks the next token of each with that slot's own sampling parameters. `HostSlots` gives any plain
+`Backend` this interface (a forward per slot, sampling on the host); the CUDA backend implements it
+natively with on-device sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.generation.backend import Backend
+from engine.generation.sampler import Sampler, SamplingParams
+from engine.gguf.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SlotRequest:
+    """How a slot picks tokens for one request."""
+
+    params: SamplingParams
+    history: Sequence[int]  # the tokens the penalties see before the first pick (the prompt)
+    host_logits: bool = False  # return each step's logits row (for logprobs or constrained decoding)
+
+
+@dataclass(frozen=True)
+class Pick:
+    token: int  # -1: the logits were NaN or infinite
+    logits: np.ndarray | None = None  # the row the token was picked from, when the request asked for it
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    """A copy of one slot's state; `nbytes` is what keeping it costs (host memory)."""
+
+    state: Any
+    nbytes: int
+
+
+class SlotBackend(Protocol):
+    name: str
+    config: ModelConfig
+    slot_count: int
+    prefill_chunk: int  # the scheduler prefills at most this many tokens between decode steps
+    can_snapshot: bool  # whether snapshot_slot returns snapshots
+
+    def reset_slot(self, slot: int) -> None:
+        """Empty the slot (position 0)."""
+
+    def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Continue the slot's sequence with `token_ids`; keeps the last token's logits for `begin`."""
+
+    def begin(self, slot: int, request: SlotRequest) -> Pick:
+        """Configure the slot's sampling for a request and pick its first token from the prefill's logits."""
+
+    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+        """Feed one token to each slot in `feeds` (slot → token) and pick each slot's next token."""
+
+    def snapshot_slot(self, slot: int) -> SlotSnapshot | None:
+        """A copy of the slot's state, or None when this backend cannot take one."""
+
+    def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
+        """Make the slot's state the snapshot's."""
+
+    def close(self) -> None:
+        """Release the backend."""
+
+
+class _HostSlot:
+    def __init__(self, sequence: Any):
+        self.sequence = sequence
+        self.logits: np.ndarray | None = None
+        self.sampler: Sampler | None = None
+        self.history: list[int] = []
+        self.host_logits = False
+
+
+class HostSlots:
+    """`SlotBackend` over a plain `Backend`: one forward per slot per step, sampling on the host.
+
+    Snapshots work when the backend's sequence objects have `snapshot()`/`restore()` (the reference's
+    `SequenceState` does); otherwise `snapshot_slot` returns None and prefix reuse is limited to a
+    slot's live state.
+    """
+
+    DEFAULT_PREFILL_CHUNK = 512
+
+    def __init__(self, backend: Backend, slot_count: int):
+        if slot_count < 1:
+            raise ValueError("a backend needs at least one slot")
+        self.backend = backend
+        self.name = backend.name
+        self.config = backend.config
+        self.slot_count = slot_count
+        self.prefill_chunk = getattr(backend, "prefill_chunk", self.DEFAULT_PREFILL_CHUNK)
+        self._slots = [_HostSlot(backend.new_sequence()) for _ in range(slot_count)]
+        self.can_snapshot = all(hasattr(self._slots[0].sequence, name) for name in ("snapshot", "restore"))
+
+    def reset_slot(self, slot: int) -> None:
+        self._slots[slot] = _HostSlot(self.backend.new_sequence())
+
+    def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
+        s = self._slots[slot]
+        s.logits = self.backend.forward_last(token_ids, s.sequence)
+
+    def begin(self, slot: int, request: SlotRequest) -> Pick:
+        s = self._slots[slot]
+        if s.logits is None:
+            raise RuntimeError("begin() needs a prefill first")
+        s.sampler = Sampler(request.params)
+        s.history = list(request.history)
+        s.host_logits = request.host_logits
+        return self._pick(s)
+
+    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+        picks = {}
+        for slot, token in feeds.items():
+            s = self._slots[slot]
+            s.logits = self.backend.forward_last([token], s.sequence)
+            s.history.append(token)
+            picks[slot] = self._pick(s)
+        return picks
+
+    @staticmethod
+    def _pick(s: _HostSlot) -> Pick:
+        assert s.sampler is not None and s.logits is not None
+        logits = s.logits
+        kept = logits if s.host_logits else None
+        if np.isnan(logits).any() or np.isposinf(logits).any():
+            return Pick(-1, kept)
+        return Pick(s.sampler.sample(logits, s.history), kept)
+
+    def snapshot_slot(self, slot: int) -> SlotSnapshot | None:
+        if not self.can_snapshot:
+            return None
+        snap = self._slots[slot].sequence.snapshot()
+        return SlotSnapshot(snap, _nbytes(snap))
+
+    def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
+        self.reset_slot(slot)
+        self._slots[slot].sequence.restore(snapshot.state)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the numpy arrays inside a (nested) snapshot object."""
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, (tuple, list)):
+        return sum(_nbytes(x) for x in obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return sum(_nbytes(getattr(obj, name)) for name in obj.__dataclass_fields__)
+    return 0
+
+
+def slot_backend(backend: Backend, slot_count: int) -> SlotBackend:
+    """The backend itself when it has slots natively (CUDA), else `HostSlots` around it."""
+    if hasattr(backend, "slot_count") and hasattr(backend, "step"):
+        return backend  # type: ignore[return-value]
+    return HostSlots(backend, slot_count)

@@ -1,0 +1,219 @@
+"""Continuous batching over sequence slots, with prefix reuse: the loop the generation worker runs.
+
+Each turn of the loop (1) admits waiting jobs into free slots, choosing the slot whose kept state
+covers the longest prefix of the job's prompt (a finished request's live state, or a snapshot from
+the prefix cache), (2) runs one prefill chunk of one admitted job, and (3) decodes one token for every
+decoding slot in one batched step. So a long prompt delays the others' next token by one chunk, not
+by its whole prefill, and a request that arrives mid-generation joins the running batch.
+
+Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
+nothing leaks between requests; a cancelled job leaves its slot at the next turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from engine.generation.prefix_cache import PrefixCache
+from engine.generation.slots import Pick, SlotBackend, SlotRequest
+from engine.generation.tokenizer import Tokenizer
+from engine.server.generation_job import Failed, Job, JobOutput
+
+log = logging.getLogger("rigllm.server")
+
+
+@dataclass
+class _Slot:
+    index: int
+    tokens: list[int] = field(default_factory=list)  # what the slot's state has seen, in order
+    last_used: int = 0
+    job: Job | None = None
+    output: JobOutput | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
+    snapshot_at: int = 0  # take a snapshot when `tokens` reaches this length (0: none)
+    next_token: int | None = None  # picked, to be fed at the next step
+    cached: int = 0
+    started: float = 0.0
+    first_token: float = 0.0
+
+    @property
+    def decoding(self) -> bool:
+        return self.job is not None and self.next_token is not None
+
+
+class Scheduler:
+    """Owns the slots of one backend; `run` is the worker thread's whole life after loading."""
+
+    def __init__(self, slots: SlotBackend, tokenizer: Tokenizer, cache: PrefixCache | None = None):
+        self.backend = slots
+        self.stop_ids: Collection[int] = tokenizer.eos_ids
+        self._tokenizer = tokenizer
+        self.cache = cache if slots.can_snapshot else None
+        self.slots = [_Slot(i) for i in range(slots.slot_count)]
+        self._clock = itertools.count(1)
+
+    @property
+    def active(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self, jobs: "queue.Queue[Job | None]") -> None:
+        """Serve jobs until a None arrives; jobs already running are finished first."""
+        closing = False
+        while True:
+            closing = self._admit(jobs, closing)
+            if closing and not self.active:
+                return
+            self._drop_cancelled()
+            self._prefill_one()
+            self._decode()
+
+    def _admit(self, jobs: "queue.Queue[Job | None]", closing: bool) -> bool:
+        while not closing and any(s.job is None for s in self.slots):
+            try:
+                job = jobs.get(block=not self.active)
+            except queue.Empty:
+                break
+            if job is None:
+                return True
+            if not job.cancelled.is_set():
+                self._start(job)
+        return closing
+
+    # ---- admission -------------------------------------------------------------------------------
+    def _start(self, job: Job) -> None:
+        prompt = job.prompt_ids
+        free = [s for s in self.slots if s.job is None]
+        live = max((s for s in free if _extends(prompt, s.tokens)), key=lambda s: len(s.tokens), default=None)
+        live_len = len(live.tokens) if live else 0
+        cached_len, snap = self.cache.longest_prefix(prompt) if self.cache is not None else (0, None)
+        try:
+            if live is not None and live_len >= cached_len:
+                slot, reuse = live, live_len
+            else:
+                slot = min(free, key=lambda s: s.last_used)
+                if snap is not None:
+                    self.backend.restore_slot(slot.index, snap)
+                    reuse = cached_len
+                else:
+                    self.backend.reset_slot(slot.index)
+                    reuse = 0
+                slot.tokens = list(prompt[:reuse])
+        except Exception as err:  # a failed restore must not take the worker down
+            log.exception("could not prepare a slot")
+            job.post(Failed(f"generation failed: {type(err).__name__}: {err}"))
+            return
+        slot.job, slot.output = job, JobOutput(job, self._tokenizer)
+        slot.pending = list(prompt[reuse:])
+        slot.cached = reuse
+        slot.next_token = None
+        slot.snapshot_at = job.turn_start if self.cache is not None and job.turn_start > reuse and prompt[: job.turn_start] not in self.cache else 0
+        slot.started = time.perf_counter()
+        slot.last_used = next(self._clock)
+
+    # ---- prefill ---------------------------------------------------------------------------------
+    def _prefill_one(self) -> None:
+        waiting = [s for s in self.slots if s.job is not None and s.next_token is None]
+        if not waiting:
+            return
+        slot = min(waiting, key=lambda s: s.last_used)
+        assert slot.job is not None
+        limit = self.backend.prefill_chunk
+        if slot.snapshot_at > len(slot.tokens):
+            limit = min(limit, slot.snapshot_at - len(slot.tokens))
+        part, slot.pending = slot.pending[:limit], slot.pending[limit:]
+        try:
+            self.backend.prefill_slot(slot.index, part)
+            slot.tokens += part
+            if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
+                self._keep_snapshot(slot)
+            if not slot.pending:
+                request = SlotRequest(slot.job.params, slot.job.prompt_ids)
+                pick = self.backend.begin(slot.index, request)
+                slot.first_token = time.perf_counter()
+                self._take(slot, pick)
+        except Exception as err:
+            self._fail(slot, err)
+
+    def _keep_snapshot(self, slot: _Slot) -> None:
+        assert self.cache is not None
+        snapshot = self.backend.snapshot_slot(slot.index)
+        if snapshot is not None:
+            self.cache.put(slot.tokens, snapshot)
+        slot.snapshot_at = 0
+
+    # ---- decode ----------------------------------------------------------------------------------
+    def _decode(self) -> None:
+        decoding = [s for s in self.slots if s.decoding]
+        if not decoding:
+            return
+        feeds = {s.index: s.next_token for s in decoding}
+        try:
+            picks = self.backend.step(feeds)  # type: ignore[arg-type]
+        except Exception as err:
+            for s in decoding:
+                self._fail(s, err)
+            return
+        for s in decoding:
+            s.tokens.append(feeds[s.index])  # type: ignore[arg-type]
+            self._take(s, picks[s.index])
+
+    def _take(self, slot: _Slot, pick: Pick) -> None:
+        """Handle a slot's newly picked token: end the job, or queue the token for the next step."""
+        job, out = slot.job, slot.output
+        assert job is not None and out is not None
+        slot.next_token = None
+        if pick.token < 0:
+            self._release(slot)
+            job.post(Failed("the model produced NaN or infinite logits"))
+            return
+        if pick.token in self.stop_ids:
+            self._finish(slot, "stop")
+            return
+        if out.add(pick.token) or job.cancelled.is_set():
+            self._finish(slot, "stop")
+        elif out.generated >= job.max_tokens:
+            self._finish(slot, "length")
+        else:
+            slot.next_token = pick.token
+            slot.last_used = next(self._clock)
+
+    # ---- endings ---------------------------------------------------------------------------------
+    def _finish(self, slot: _Slot, reason: str) -> None:
+        job, out = slot.job, slot.output
+        assert job is not None and out is not None
+        now = time.perf_counter()
+        out.finish(reason, len(job.prompt_ids), slot.cached, slot.first_token - slot.started, now - slot.first_token)
+        self._release(slot)
+
+    def _fail(self, slot: _Slot, err: Exception) -> None:
+        log.exception("generation failed", exc_info=err)
+        job = slot.job
+        self._release(slot, keep_state=False)
+        if job is not None:
+            job.post(Failed(f"generation failed: {type(err).__name__}: {err}"))
+
+    def _drop_cancelled(self) -> None:
+        for slot in self.slots:
+            if slot.job is not None and slot.job.cancelled.is_set():
+                self._release(slot)
+
+    def _release(self, slot: _Slot, keep_state: bool = True) -> None:
+        """Free the slot; its state stays for a follow-up unless it may be inconsistent."""
+        slot.job = slot.output = None
+        slot.next_token = None
+        slot.pending = []
+        slot.snapshot_at = 0
+        if not keep_state:
+            slot.tokens = []
+            self.backend.reset_slot(slot.index)
+
+
+def _extends(prompt: list[int], tokens: list[int]) -> bool:
+    """Does `prompt` start with all of `tokens` and have at least one token more?"""
+    return 0 < len(tokens) < len(prompt) and prompt[: len(tokens)] == tokens

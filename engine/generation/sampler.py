@@ -26,6 +26,9 @@ import numpy as np
 from engine.errors import RigllmError
 
 
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """One request's sampling settings; the defaults change nothing (plain sampling at temperature 1)."""
@@ -45,7 +48,10 @@ class SamplingParams:
             raise RigllmError(f"top_k must be an integer ≥ 0 (0 turns it off), got {self.top_k!r}")
         _check_real("top_p", self.top_p, 0.0, 1.0, "in (0, 1] (1 turns it off)", low_open=True)
         _check_real("min_p", self.min_p, 0.0, 1.0, "in [0, 1] (0 turns it off)")
-        _check_real("repetition_penalty", self.repetition_penalty, 0.0, math.inf, "> 0 (1 turns it off)", low_open=True)
+        # Bounded so that a penalised fp32 logit stays finite on the GPU sampler (a divisor of 1e-295
+        # overflowed it: found by the API fuzz test on the H200); useful values are near 1 anyway.
+        _check_real("repetition_penalty", self.repetition_penalty, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY,
+                    f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY:g}] (1 turns it off)")
         _check_real("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
         _check_real("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):

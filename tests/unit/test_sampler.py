@@ -135,7 +135,8 @@ def test_masked_tokens_are_never_drawn() -> None:
         ("top_k", -1), ("top_k", 2.5), ("top_k", True),
         ("top_p", 0.0), ("top_p", 1.01),
         ("min_p", -0.01), ("min_p", 1.5),
-        ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+        ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", 2.8e-295),
+        ("repetition_penalty", 101.0),
         ("presence_penalty", 2.5), ("frequency_penalty", -3.0),
         ("seed", -1), ("seed", 2**64), ("seed", "42"),
     ],
@@ -147,7 +148,8 @@ def test_invalid_params_raise_clear_errors(field: str, value: object) -> None:
 
 def test_edge_values_are_valid() -> None:
     SamplingParams(temperature=0, top_k=0, top_p=1.0, min_p=1.0, presence_penalty=-2, frequency_penalty=2,
-                   seed=2**64 - 1, repetition_penalty=1e-3)
+                   seed=2**64 - 1, repetition_penalty=0.01)
+    SamplingParams(repetition_penalty=100.0)
     assert SamplingParams(temperature=0).greedy and not SamplingParams().greedy
 
 

@@ -65,6 +65,7 @@ class Job:
     stop: list[str]
     sink: Callable[[Event], None]
     turn_start: int = 0
+    reply_prefix: str = ""  # the reply's forced start, part of the prompt: parsed as output, not counted
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def post(self, item: Event) -> None:
@@ -94,6 +95,9 @@ class JobOutput:
         self._raw = ""
         self.generated = 0
         self.reasoning_tokens = 0
+        if job.reply_prefix:
+            self._reasoning_open = False  # a forced reply start closes any reasoning block first
+            self._emit(self._parser.feed(job.reply_prefix))
 
     def add(self, token: int) -> bool:
         """Take one generated token (not an end token); True when a stop string ended the output."""

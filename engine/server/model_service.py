@@ -14,8 +14,10 @@ from typing import Any
 from engine.errors import RigllmError
 from engine.generation.chat_prompt import build_chat_prompt
 from engine.generation.chat_template import ChatTemplate
+from engine.generation.output_parser import CALL_OPEN
 from engine.generation.sampler import SamplingParams
 from engine.generation.tokenizer import Tokenizer
+from engine.generation.tool_call_syntax import FUNCTION_OPEN
 from engine.gguf.loader import LoadedModel
 from engine.server.api_errors import APIError
 from engine.server.generation_job import Event, Job
@@ -48,7 +50,7 @@ class ModelService:
                            "(constrained decoding is not implemented)", param="response_format")
         if req.top_logprobs:
             raise APIError(400, "top_logprobs is not supported yet", param="top_logprobs")
-        tools = self._tools(req)
+        tools, forced = self._tools(req)
         kwargs = req.chat_template_kwargs or {}
         enable_thinking = kwargs.get("enable_thinking")
         if enable_thinking is not None and not isinstance(enable_thinking, bool):
@@ -57,13 +59,15 @@ class ModelService:
         messages = [template_message(i, m) for i, m in enumerate(req.messages)]
         try:
             prompt = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools,
-                                       enable_thinking=enable_thinking, context_length=self.context_length)
+                                       enable_thinking=enable_thinking, context_length=self.context_length,
+                                       reply_prefix=forced)
         except RigllmError as err:
             code = "context_length_exceeded" if "context holds" in str(err) else None
             raise APIError(400, str(err), param="messages", code=code) from None
         limit = req.max_completion_tokens or req.max_tokens
         job = self._job(req, prompt.token_ids, limit, prompt.thinking, tools, sink)
         job.turn_start = self.turn_start(prompt.token_ids)
+        job.reply_prefix = prompt.reply_prefix
         return job
 
     def completion_job(self, req: CompletionRequest, sink: Callable[[Event], None]) -> Job:
@@ -90,14 +94,29 @@ class ModelService:
                 return i
         return 0
 
-    def _tools(self, req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    def _tools(self, req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str]:
+        """The tools the reply may call, and the text the reply is forced to start with.
+
+        "required" and a named function are met by starting the reply with the call's own markup (the
+        model then writes the name and arguments, or only the arguments); with thinking on, the forced
+        text first closes the reasoning block, left empty, since a call comes after it.
+        """
         choice = req.tool_choice
         if choice is None or choice == "auto":
-            return req.tools or None
+            return req.tools or None, ""
         if choice == "none":
-            return None
-        raise APIError(400, f"tool_choice {choice!r} is not supported yet (use \"auto\" or \"none\")",
-                       param="tool_choice")
+            return None, ""
+        if not req.tools:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if choice == "required":
+            return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}"
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
+            raise APIError(400, 'tool_choice must be "auto", "none", "required" or '
+                           '{"type": "function", "function": {"name": ...}}', param="tool_choice")
+        if name not in {t.get("function", {}).get("name") for t in req.tools}:
+            raise APIError(400, f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
+        return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
 
     def _job(self, req: SamplingFields, prompt_ids: list[int], limit: int | None, thinking: bool,
              tools: list[dict[str, Any]] | None, sink: Callable[[Event], None]) -> Job:

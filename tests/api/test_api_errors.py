@@ -70,8 +70,6 @@ def test_unsupported_features_are_clear_400s(server):
     assert "not supported yet" in error["message"]
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
     assert "not supported yet" in refused(client, 400, model=server.model_id, messages=image)["message"]
-    refused(client, 400, model=server.model_id, messages=HELLO, tool_choice="required",
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
 
 
 @pytest.mark.parametrize("body", [

@@ -21,6 +21,9 @@ TOOLS = [{"type": "function", "function": {
 CALL_TEXT = ("Let me check.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
              "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call><|im_end|>")
 ANSWER_TEXT = "Done.\n</think>\n\nIt is sunny in Paris.<|im_end|>"
+# What the model writes after a forced `<tool_call>\n<function=` ("required") or `...get_weather>\n` (named).
+NAME_AND_ARGS = "get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call><|im_end|>"
+ARGS_ONLY = "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call><|im_end|>"
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 THINK = {"chat_template_kwargs": {"enable_thinking": True}}
 
@@ -32,7 +35,12 @@ def server():
     call_ids, answer_ids = tokenizer.encode(CALL_TEXT), tokenizer.encode(ANSWER_TEXT)
 
     def script_for(prompt_ids):
-        return answer_ids if "<tool_response>" in tokenizer.decode(prompt_ids) else call_ids
+        prompt = tokenizer.decode(prompt_ids)
+        if prompt.endswith("<function="):
+            return tokenizer.encode(NAME_AND_ARGS)
+        if prompt.endswith("<function=get_weather>\n"):
+            return tokenizer.encode(ARGS_ONLY)
+        return answer_ids if "<tool_response>" in prompt else call_ids
 
     backend = lambda: ScriptedBackend(loaded.config, tokenizer.vocab_size, script_for)  # noqa: E731
     with live_server(loaded, backend) as live:
@@ -90,3 +98,40 @@ def test_round_trip_with_tool_result(server, stream):
         final = client.chat.completions.create(**args).choices[0]
         content, finish = final.message.content, final.finish_reason
     assert content == "It is sunny in Paris." and finish == "stop"
+
+
+@pytest.mark.parametrize("choice, city", [("required", "Oslo"),
+                                          ({"type": "function", "function": {"name": "get_weather"}}, "Rome")],
+                         ids=["required", "named"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tool_choice_forces_a_call(server, choice, city, stream):
+    """The reply starts inside the call's markup, so it is a call (after an empty reasoning block)."""
+    args = dict(model=server.model_id, messages=ASK, tools=TOOLS, tool_choice=choice, extra_body=THINK)
+    if stream:
+        chunks = [c for c in server.client().chat.completions.create(stream=True, **args) if c.choices]
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        name, arguments = calls[0].function.name, "".join(tc.function.arguments or "" for tc in calls)
+        reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        choice0 = server.client().chat.completions.create(**args).choices[0]
+        (call,) = choice0.message.tool_calls
+        name, arguments, finish = call.function.name, call.function.arguments, choice0.finish_reason
+        reasoning = choice0.message.reasoning_content or ""
+    assert name == "get_weather" and json.loads(arguments) == {"city": city}
+    assert finish == "tool_calls" and reasoning == ""
+
+
+@pytest.mark.parametrize("choice, message", [
+    ("required", "needs tools"),
+    ({"type": "function", "function": {"name": "launch_rocket"}}, "not among the tools"),
+    ({"type": "function"}, "tool_choice must be"),
+    ("sometimes", "tool_choice must be"),
+])
+def test_bad_tool_choice_is_400(server, choice, message):
+    import openai
+
+    tools = None if choice == "required" else TOOLS
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().chat.completions.create(model=server.model_id, messages=ASK, tools=tools, tool_choice=choice)
+    assert message in info.value.body["message"]

@@ -1,15 +1,24 @@
 """`rigllm generate [MODEL] --prompt TEXT`: stream a chat reply to the terminal, then tokens/s.
 
 With no model it uses the generated demo model (random weights, labelled as such), so a fresh
-install shows the whole pipeline working without downloading anything.
+install shows the whole pipeline working without downloading anything. `--image FILE` (repeatable)
+puts images before the prompt text; it needs the model's mmproj (found beside the model, or
+`--mmproj`) and runs on the reference backend, the only one with a vision path so far.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.generation.backend import BACKEND_CHOICES
+
+if TYPE_CHECKING:
+    from engine.generation.tokenizer import Tokenizer
+    from engine.gguf.loader import LoadedModel
+    from engine.vision.prompt_backend import ImagePromptBackend
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", required=True, help="the user message")
     p.add_argument("--system", help="an optional system message")
     p.add_argument("--raw", action="store_true", help="feed the prompt as-is, without the chat template")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image to show the model (repeatable; needs the model's mmproj)")
+    p.add_argument("--mmproj", metavar="PATH", help="the vision mmproj GGUF (default: the one beside the model)")
     thinking = p.add_mutually_exclusive_group()
     thinking.add_argument("--think", dest="thinking", action="store_const", const=True, help="turn thinking on")
     thinking.add_argument("--no-think", dest="thinking", action="store_const", const=False, help="turn thinking off")
@@ -63,19 +75,30 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(path)
     tokenizer = Tokenizer.from_model_file(loaded.file)
     context = loaded.config.context_length
+    if args.image and args.raw:
+        raise RigllmError("--image needs the chat template (it places the image markers); drop --raw")
+    if args.image and args.backend == "cuda":
+        raise RigllmError("images run on the reference backend for now; use --backend reference")
     if args.raw:
         prompt_ids, thinking = tokenizer.encode(args.prompt, parse_special=True), False
         if len(prompt_ids) >= context:
             raise RigllmError(f"the prompt is {len(prompt_ids)} tokens, the context holds {context}")
     else:
+        images = [{"type": "image"} for _ in args.image]
+        user = images + [{"type": "text", "text": args.prompt}] if images else args.prompt
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
+            {"role": "user", "content": user}
         ]
         prompt = build_chat_prompt(ChatTemplate.for_model(loaded.file.fields), tokenizer, messages,
                                    enable_thinking=args.thinking, context_length=context)
         prompt_ids, thinking = prompt.token_ids, prompt.thinking
+    image_backend = None
+    if args.image:
+        image_backend, prompt_ids = _image_backend(args, loaded, tokenizer, prompt_ids)
+        if len(prompt_ids) >= context:
+            raise RigllmError(f"the prompt with its images is {len(prompt_ids)} tokens, the context holds {context}")
     max_tokens = min(args.max_tokens, context - len(prompt_ids))
-    backend = open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens)
+    backend = image_backend or open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens)
 
     stream = TokenStream(backend, prompt_ids, Sampler(params), max_tokens, tokenizer.eos_ids)
     detok = IncrementalDetokenizer(tokenizer)
@@ -116,3 +139,32 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _image_backend(
+    args: argparse.Namespace, loaded: LoadedModel, tokenizer: Tokenizer, prompt_ids: list[int]
+) -> tuple[ImagePromptBackend, list[int]]:
+    """Encode `args.image` with the model's mmproj; returns the prefill backend and the expanded prompt ids."""
+    from engine.errors import RigllmError
+    from engine.gguf.mmproj_pairing import find_mmproj
+    from engine.reference.model import ReferenceModel
+    from engine.vision.encoder import ImageEncoder
+    from engine.vision.image_io import load_image_file
+    from engine.vision.multimodal_prompt import IMAGE_PAD, expand_image_pads
+    from engine.vision.prompt_backend import ImagePromptBackend
+
+    mmproj = args.mmproj or find_mmproj(loaded.path, loaded.config.d_model)
+    if mmproj is None:
+        raise RigllmError(
+            f"no mmproj (vision tower) beside {loaded.path.name}; pass one with --mmproj "
+            "(rigllm convert writes mmproj-<model>.gguf from an HF checkpoint with a vision tower)"
+        )
+    pad = tokenizer.token_to_id(IMAGE_PAD)
+    if pad is None:
+        raise RigllmError(f"{loaded.path.name} has no {IMAGE_PAD} token; it cannot take images")
+    encoder = ImageEncoder.open(mmproj, loaded.config.d_model, loaded.path.name)
+    images = [encoder.encode(load_image_file(path)) for path in args.image]
+    prompt = expand_image_pads(prompt_ids, images, pad)
+    print(f"[rigllm] {len(images)} image(s), {len(prompt.embedding_rows)} image tokens, vision tower "
+          f"{Path(mmproj).name}", file=sys.stderr)
+    return ImagePromptBackend(ReferenceModel.from_model_file(loaded.file), prompt), prompt.token_ids

@@ -64,13 +64,20 @@ class ReferenceModel:
         return SequenceState(self.cfg)
 
     def forward_hidden(
-        self, token_ids: Sequence[int] | np.ndarray, state: SequenceState, positions: np.ndarray | None = None
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        state: SequenceState,
+        positions: np.ndarray | None = None,
+        embeddings: np.ndarray | None = None,
+        embedding_rows: Sequence[int] | np.ndarray | None = None,
     ) -> np.ndarray:
         """Final-normed hidden states [T, D] (the MTP input) for a batch continuing `state`.
 
         `positions`: [T] or [T, 3] (t, h, w); default: consecutive text positions from
         `state.next_position`. Afterwards `state.next_position` is the largest position used + 1
         (M-RoPE "last position + 1", not a token count).
+        `embeddings` [K, D] replace the token embeddings of batch rows `embedding_rows` [K] (image
+        rows in place of their `<|image_pad|>` tokens, spec §9.5); the ids there still count as tokens.
         """
         if state.cfg != self.cfg:
             raise ValueError("state belongs to a different model configuration")
@@ -83,6 +90,8 @@ class ReferenceModel:
         pos = text_positions(state.next_position, n_tok) if positions is None else as_positions(positions, n_tok)
 
         h = self.embedding[tokens]
+        if embeddings is not None or embedding_rows is not None:
+            h = _with_embeddings(h, embeddings, embedding_rows)
         for block in self.blocks:
             cache = state.gdn[block.index] if block.is_gdn else state.kv[block.index]
             h = block(h, pos, cache)
@@ -99,3 +108,18 @@ class ReferenceModel:
     ) -> np.ndarray:
         """Logits [T, V] for a batch of any length continuing `state` (prefill or decode)."""
         return self.logits(self.forward_hidden(token_ids, state, positions))
+
+
+def _with_embeddings(h: np.ndarray, embeddings: np.ndarray | None, rows: Sequence[int] | np.ndarray | None) -> np.ndarray:
+    """A copy of token embeddings h [T, D] with rows `rows` replaced by `embeddings` [K, D]."""
+    if embeddings is None or rows is None:
+        raise ValueError("embeddings and embedding_rows go together")
+    idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+    values = np.asarray(embeddings, dtype=np.float32)
+    if values.shape != (idx.shape[0], h.shape[1]):
+        raise ValueError(f"embeddings must have shape ({idx.shape[0]}, {h.shape[1]}), got {values.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= h.shape[0]):
+        raise ValueError(f"embedding rows out of range [0, {h.shape[0]})")
+    out = h.copy()
+    out[idx] = values
+    return out

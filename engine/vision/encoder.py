@@ -1,0 +1,61 @@
+"""`ImageEncoder`: what the server, the app and `rigllm generate` hold to turn images into prompt rows.
+
+It pairs a validated mmproj with the text model (same width), prepares images under the mmproj's
+pixel bounds and runs the vision tower: the numpy one, or the fp16 GPU one (engine.cuda.vision) when
+given a card. The GPU tower, like every use of a card, must be driven from the card's own thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from engine.gguf.mmproj import LoadedMmproj, check_pairing, load_mmproj
+from engine.vision.config import VisionConfig
+from engine.vision.multimodal_prompt import EncodedImage
+from engine.vision.preprocess import PreparedImage, image_token_count, prepare_image
+from engine.vision.tower import VisionTower
+
+if TYPE_CHECKING:
+    from engine.cuda.driver import CudaCard
+
+
+class ImageEncoder:
+    """Images → `EncodedImage`s (merged grid + text-width embeddings) for one text model."""
+
+    def __init__(self, mmproj: LoadedMmproj, card: "CudaCard | None" = None):
+        """`card`: run the tower there with the fp16 kernels; None: the numpy fp32 tower."""
+        self.mmproj = mmproj
+        self.tower: Any
+        if card is None:
+            self.tower = VisionTower.from_mmproj(mmproj)
+        else:
+            from engine.cuda.vision import GpuVisionTower
+
+            self.tower = GpuVisionTower.from_mmproj(card, mmproj)
+
+    @classmethod
+    def open(cls, mmproj_path: str | Path, text_width: int, model_label: str,
+             card: "CudaCard | None" = None) -> "ImageEncoder":
+        """Load and validate `mmproj_path`, refusing one made for a model of another width."""
+        mmproj = load_mmproj(mmproj_path)
+        check_pairing(mmproj, text_width, model_label)
+        return cls(mmproj, card)
+
+    @property
+    def config(self) -> VisionConfig:
+        return self.mmproj.config
+
+    def token_count(self, img: Image.Image) -> int:
+        """LLM positions the image will take (for context checks before running the tower)."""
+        return image_token_count(img.width, img.height, self.config)
+
+    def prepare(self, img: Image.Image) -> PreparedImage:
+        return prepare_image(img, self.config)
+
+    def encode(self, img: Image.Image | PreparedImage) -> EncodedImage:
+        """Run the tower on an RGB image (decoded by engine.vision.image_io) or an already prepared one."""
+        prepared = img if isinstance(img, PreparedImage) else self.prepare(img)
+        return EncodedImage(prepared.merged_grid, self.tower.encode(prepared))

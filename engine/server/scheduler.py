@@ -19,6 +19,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import Pick, SlotBackend, SlotRequest
 from engine.generation.tokenizer import Tokenizer
@@ -68,6 +69,7 @@ class Scheduler:
         while True:
             closing = self._admit(jobs, closing)
             if closing and not self.active:
+                _refuse_waiting(jobs)
                 return
             self._drop_cancelled()
             self._prefill_one()
@@ -133,7 +135,7 @@ class Scheduler:
             if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
                 self._keep_snapshot(slot)
             if not slot.pending:
-                request = SlotRequest(slot.job.params, slot.job.prompt_ids)
+                request = SlotRequest(slot.job.params, slot.job.prompt_ids, host_logits=_needs_logits(slot.job))
                 pick = self.backend.begin(slot.index, request)
                 slot.first_token = time.perf_counter()
                 self._take(slot, pick)
@@ -172,15 +174,16 @@ class Scheduler:
             self._release(slot)
             job.post(Failed("the model produced NaN or infinite logits"))
             return
-        if pick.token in self.stop_ids:
+        token = _choose(out, pick)
+        if token in self.stop_ids:
             self._finish(slot, "stop")
             return
-        if out.add(pick.token) or job.cancelled.is_set():
+        if out.add(token, _logprob(job, pick, token)) or job.cancelled.is_set() or out.complete:
             self._finish(slot, "stop")
         elif out.generated >= job.max_tokens:
             self._finish(slot, "length")
         else:
-            slot.next_token = pick.token
+            slot.next_token = token
             slot.last_used = next(self._clock)
 
     # ---- endings ---------------------------------------------------------------------------------
@@ -212,6 +215,37 @@ class Scheduler:
         if not keep_state:
             slot.tokens = []
             self.backend.reset_slot(slot.index)
+
+
+def _refuse_waiting(jobs: "queue.Queue[Job | None]") -> None:
+    """Answer the jobs still queued when the worker stops, so no requester waits forever."""
+    while True:
+        try:
+            job = jobs.get_nowait()
+        except queue.Empty:
+            return
+        if job is not None:
+            job.post(Failed("the model was unloaded before this request started"))
+
+
+def _needs_logits(job: Job) -> bool:
+    """Logprobs and JSON mode work on the host, from each step's logits row."""
+    return job.top_logprobs is not None or job.constraint is not None
+
+
+def _choose(out: JobOutput, pick: Pick) -> int:
+    """The slot's pick, or for a JSON-mode job the host's pick under the grammar mask (`HostPicker`)."""
+    if out.picker is None:
+        return pick.token
+    return out.picker.choose(pick.logits, pick.token, out.job.max_tokens - out.generated,
+                             constrained=not out.reasoning_open)
+
+
+def _logprob(job: Job, pick: Pick, token: int) -> TokenLogprob | None:
+    """The token's logprobs under the raw logits row, when the job asked for them."""
+    if job.top_logprobs is None or pick.logits is None:
+        return None
+    return token_logprobs(pick.logits, token, job.top_logprobs)
 
 
 def _extends(prompt: list[int], tokens: list[int]) -> bool:

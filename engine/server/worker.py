@@ -39,6 +39,7 @@ class GenerationWorker:
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._scheduler: Scheduler | None = None
+        self._stopping = False
         self.backend_name = ""
         self._thread = threading.Thread(target=self._run, name="rigllm-generation", daemon=True)
 
@@ -67,13 +68,16 @@ class GenerationWorker:
         return self.active > 0
 
     def submit(self, job: Job) -> None:
+        if self._stopping:
+            raise QueueFull("the model is being unloaded; try again shortly")
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull(f"{self._jobs.maxsize} requests are already waiting; try again shortly") from None
 
     def stop(self) -> None:
-        """Finish the running jobs, drop the thread's backend, and end the thread."""
+        """Finish the running jobs, answer the queued ones with an error, drop the backend, end the thread."""
+        self._stopping = True
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()

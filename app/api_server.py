@@ -1,0 +1,112 @@
+"""The OpenAI-compatible API inside the desktop app: `rigllm serve`'s FastAPI app on uvicorn in a
+background thread, sharing the app's generation worker (one owner of the backend for both).
+
+The API key lives in the OS keyring under the same service/user `rigllm serve --api-key-from-keyring`
+reads (engine.server.access), so a key made here also works for the headless server. Clients are
+counted by a thin ASGI wrapper around the app: the engine's app stays unchanged.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+from typing import Any
+
+import keyring
+import uvicorn
+from keyring.errors import KeyringError
+
+from engine.errors import RigllmError
+from engine.server.access import KEYRING_SERVICE, KEYRING_USER
+from engine.server.app import create_app
+
+from app.chat_engine import ChatEngine
+
+CLIENT_WINDOW = 60.0  # a client counts as connected for this long after its last request
+
+
+def stored_api_key() -> str:
+    """The keyring's key, made and stored on first use."""
+    try:
+        key = keyring.get_password(KEYRING_SERVICE, KEYRING_USER)
+    except KeyringError as err:
+        raise RigllmError(f"the system keyring is not usable ({err}); install keyrings.alt or a Secret Service")
+    return key or new_api_key()
+
+
+def new_api_key() -> str:
+    """A fresh random key, stored in the keyring (replacing the old one)."""
+    key = secrets.token_urlsafe(32)
+    try:
+        keyring.set_password(KEYRING_SERVICE, KEYRING_USER, key)
+    except KeyringError as err:
+        raise RigllmError(f"the system keyring is not usable ({err}); install keyrings.alt or a Secret Service")
+    return key
+
+
+class _ClientCounter:
+    """ASGI middleware: records each HTTP client's address and time, and requests in flight."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.seen: dict[str, float] = {}
+        self.in_flight = 0
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = (scope.get("client") or ("?", 0))[0]
+        with self._lock:
+            self.seen[host] = time.monotonic()
+            self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self.seen[host] = time.monotonic()
+
+    def recent(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            return sorted(h for h, t in self.seen.items() if now - t < CLIENT_WINDOW)
+
+
+class ApiServer:
+    def __init__(self, engine: ChatEngine, api_key: str, host: str = "127.0.0.1", port: int = 8765):
+        self.host, self.port = host, port
+        app = create_app(engine.service, engine.worker, api_key, label=engine.info.label)
+        self.clients = _ClientCounter(app)
+        self._server = uvicorn.Server(uvicorn.Config(self.clients, host=host, port=port, log_level="warning"))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}/v1"
+
+    def start(self, timeout: float = 20) -> None:
+        """Bind now (so a port in use is reported here, not in a log) and serve on a thread."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as err:
+            sock.close()
+            raise RigllmError(f"cannot listen on {self.host}:{self.port}: {err.strerror}") from None
+        self.port = sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="rigllm-api", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RigllmError("the API server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)

@@ -1,0 +1,125 @@
+"""The loaded model as the GUI sees it: submit a conversation, receive its answer as Qt signals.
+
+The engine's `GenerationWorker` is the one owner of the backend (its own thread runs the scheduler),
+shared with the API server when that is switched on. A job's sink runs on that thread and only
+emits a signal; Qt queues it to the GUI thread, so no widget is touched off the GUI thread and the
+GUI never waits on the engine (`submit` only puts a job on a queue).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from engine.errors import RigllmError
+from engine.generation.chat_prompt import ChatPrompt, build_chat_prompt
+from engine.gguf.loader import LoadedModel
+from engine.server.generation_job import Failed, Finished, Job, Piece
+from engine.server.model_service import ModelService
+from engine.server.worker import GenerationWorker
+
+from app.chat_records import Message
+from app.settings import AppSettings
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the status line and the rig monitor say about the loaded model."""
+
+    name: str
+    label: str  # e.g. "demo model, random weights: output is gibberish"
+    backend: str
+    context: int
+    kv_format: str
+    cards: tuple[int, ...]  # card indices (PCI bus order) the model runs on; () for the CPU
+
+
+class ChatEngine(QObject):
+    piece = Signal(int, object)  # job id, list[ParseEvent]
+    finished = Signal(int, object)  # job id, Finished
+    failed = Signal(int, str)  # job id, message
+
+    def __init__(self, loaded: LoadedModel, service: ModelService, worker: GenerationWorker, info: ModelInfo):
+        super().__init__()
+        self.loaded = loaded
+        self.service = service
+        self.worker = worker
+        self.info = info
+        self._ids = itertools.count(1)
+        self._jobs: dict[int, Job] = {}
+
+    def prompt_messages(self, history: list[Message], settings: AppSettings) -> list[dict[str, Any]]:
+        """The conversation as the chat template wants it: system preset first, text only.
+
+        Images stay with the chat but are not sent: the text model has no vision input yet.
+        """
+        out: list[dict[str, Any]] = []
+        if settings.system_prompt:
+            out.append({"role": "system", "content": settings.system_prompt})
+        for m in history:
+            msg: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.role == "assistant" and m.reasoning:
+                msg["reasoning_content"] = m.reasoning
+            if m.tool_calls:
+                msg["tool_calls"] = m.tool_calls
+            out.append(msg)
+        return out
+
+    def _prompt(self, history: list[Message], settings: AppSettings) -> ChatPrompt:
+        return build_chat_prompt(self.service.template, self.service.tokenizer, self.prompt_messages(history, settings),
+                                 enable_thinking=settings.thinking, context_length=self.service.context_length)
+
+    def oldest_to_drop(self, history: list[Message], settings: AppSettings) -> int:
+        """How many leading messages to leave out of the prompt so the rest fits (whole turns: the kept
+        part starts at a user message). Raises RigllmError when even the last user message does not fit."""
+        starts = [i for i, m in enumerate(history) if m.role == "user"]
+        for start in starts:
+            try:
+                self._prompt(history[start:], settings)
+                return start
+            except RigllmError:
+                continue
+        raise RigllmError("the last message alone does not fit the context: shorten it or load the model with a "
+                          "longer context")
+
+    def submit(self, history: list[Message], settings: AppSettings) -> int:
+        """Queue an answer to `history`; returns the job id the signals carry.
+
+        Raises RigllmError (one line, shown to the user) when the conversation does not fit the context;
+        it is never truncated silently (contracts.md): the chat pane offers to drop the oldest turns.
+        """
+        prompt = self._prompt(history, settings)
+        job_id = next(self._ids)
+        room = self.service.context_length - len(prompt.token_ids)
+
+        def sink(item: Piece | Finished | Failed) -> None:  # on the worker thread
+            if isinstance(item, Piece):
+                self.piece.emit(job_id, item.events)
+            elif isinstance(item, Finished):
+                self._jobs.pop(job_id, None)
+                self.finished.emit(job_id, item)
+            else:
+                self._jobs.pop(job_id, None)
+                self.failed.emit(job_id, item.message)
+
+        job = Job(prompt.token_ids, settings.sampling(), min(settings.max_tokens, room), prompt.thinking, None, [],
+                  sink=sink, turn_start=self.service.turn_start(prompt.token_ids))
+        self._jobs[job_id] = job
+        self.worker.submit(job)
+        return job_id
+
+    def stop(self, job_id: int) -> None:
+        """Ask the worker to end the job (within one token). No further signal is promised for it: a
+        cancelled job may leave its slot without a `Finished`, so the caller finalises the answer itself."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.cancelled.set()
+
+    def close(self) -> None:
+        """Cancel what is running and end the worker thread (frees the backend and its cards)."""
+        for job in list(self._jobs.values()):
+            job.cancelled.set()
+        self.worker.stop()

@@ -1,0 +1,121 @@
+"""Loading a model off the GUI thread: validate the file, open the backend, report staged progress.
+
+A `ModelLoader` is a QObject living on its own QThread; `load` hands it a request through a queued
+signal. The backend is opened by the `GenerationWorker`'s thread (the one owner of the backend),
+and the engine reports each card's stage and bytes through `open_backend(progress=...)`; Cancel makes
+that callback raise `LoadCancelled`, which unwinds the load and frees the cards. A failure reaches
+the sheet as the engine's own error text.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
+
+from engine.generation.backend import open_backend
+from engine.generation.load_progress import LoadCancelled, LoadProgress
+from engine.gguf.demo_model import ensure_demo_model
+from engine.gguf.loader import LoadedModel, load_model
+from engine.server.model_service import ModelService
+from engine.server.worker import GenerationWorker
+
+from app.chat_engine import ChatEngine, ModelInfo
+
+DEMO_LABEL = "demo model, random weights: output is gibberish"
+# What `open_backend` can be asked for today: one card (CUDA device 0) and fp16 KV. The sheet plans
+# any card set and KV format, says when the load will differ, and the status line shows what loaded.
+ENGINE_KV_FORMAT = "f16"
+ENGINE_CARDS = (0,)
+
+
+def engine_differences(request: "LoadRequest") -> list[str]:
+    """How the engine's load will differ from the plan the user chose (empty when it will not)."""
+    notes = []
+    if request.kv_format != ENGINE_KV_FORMAT:
+        notes.append(f"the engine loads with {ENGINE_KV_FORMAT} KV for now (plan shown for {request.kv_format})")
+    if request.cards and tuple(request.cards) != ENGINE_CARDS:
+        notes.append("the CUDA backend runs on card 0 only for now (multi-card placement is not wired yet)")
+    return notes
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    path: Path | None  # None: the generated demo model
+    backend: str  # auto / reference / cuda
+    context: int | None  # None: the model's own
+    kv_format: str
+    cards: tuple[int, ...]
+
+
+class ModelLoader(QObject):
+    stage = Signal(str)  # a stage that has no bytes to count ("validating the file")
+    progress = Signal(object)  # LoadProgress, from the engine
+    loaded = Signal(object)  # ChatEngine
+    failed = Signal(str)
+    cancelled = Signal()
+    _requested = Signal(object)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cancel = threading.Event()
+        self._thread = QThread()
+        self._thread.setObjectName("rigllm-loader")
+        self.moveToThread(self._thread)
+        self._requested.connect(self._load)
+        self._thread.start()
+
+    def load(self, request: LoadRequest) -> None:
+        """Start loading on the loader thread; exactly one of loaded/failed/cancelled follows."""
+        self._cancel.clear()
+        self._requested.emit(request)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def shutdown(self) -> None:
+        self._cancel.set()
+        self._thread.quit()
+        self._thread.wait()
+
+    def _progress(self, update: LoadProgress) -> None:  # on the generation worker's thread
+        if self._cancel.is_set():
+            raise LoadCancelled("the user cancelled the load")
+        self.progress.emit(update)
+
+    @Slot(object)
+    def _load(self, request: LoadRequest) -> None:
+        try:
+            engine = self._open(request)
+        except LoadCancelled:
+            self.cancelled.emit()
+            return
+        except Exception as err:  # any failure is shown with its own text in the sheet
+            self.failed.emit(str(err) or type(err).__name__)
+            return
+        if self._cancel.is_set():  # cancelled after the last progress report: free the cards again
+            engine.close()
+            self.cancelled.emit()
+            return
+        engine.moveToThread(QCoreApplication.instance().thread())
+        self.loaded.emit(engine)
+
+    def _open(self, request: LoadRequest) -> ChatEngine:
+        self.stage.emit("preparing the demo model" if request.path is None else "validating the file")
+        path = request.path or ensure_demo_model()
+        loaded: LoadedModel = load_model(path)
+        if self._cancel.is_set():
+            raise LoadCancelled("the user cancelled the load")
+        context = request.context or loaded.config.context_length
+        service = ModelService.from_loaded(loaded)
+        service.context_length = context
+        worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context,
+                                                       progress=self._progress), service.tokenizer)
+        self.stage.emit("opening the backend")
+        worker.start()
+        label = DEMO_LABEL if request.path is None else ""
+        info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, ENGINE_KV_FORMAT,
+                         ENGINE_CARDS if worker.backend_name == "cuda" else ())
+        return ChatEngine(loaded, service, worker, info)

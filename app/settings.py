@@ -1,0 +1,104 @@
+"""User settings: declared with types and defaults, stored in QSettings under a schema version.
+
+Declaring them in one dataclass (the Orange `Setting` idea) keeps the settings dialog, the
+generation request and persistence in agreement; a stored value of the wrong type or out of range
+falls back to the default instead of breaking start-up. `SETTINGS_VERSION` is written with the
+values; `migrate` upgrades older layouts in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from PySide6.QtCore import QSettings
+
+from engine.errors import RigllmError
+from engine.generation.sampler import SamplingParams
+
+SETTINGS_VERSION = 2
+THEMES = ("system", "dark", "light")
+DEFAULT_PRESETS = {
+    "Helpful assistant": "You are a helpful assistant.",
+    "Concise": "Answer briefly and precisely.",
+    "Coder": "You are an expert programmer. Answer with working code and short explanations.",
+}
+
+
+@dataclass
+class AppSettings:
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int = 1024
+    thinking: bool = True
+    system_preset: str = "Helpful assistant"
+    presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
+    theme: str = "system"
+    api_port: int = 8765
+
+    def sampling(self) -> SamplingParams:
+        """Raises RigllmError (one line) for an invalid combination, which the dialog shows."""
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty)
+
+    @property
+    def system_prompt(self) -> str:
+        return self.presets.get(self.system_preset, "")
+
+    def validate(self) -> None:
+        self.sampling()
+        if self.max_tokens < 1:
+            raise RigllmError("max tokens must be at least 1")
+        if self.theme not in THEMES:
+            raise RigllmError(f"theme must be one of {', '.join(THEMES)}")
+        if not 1 <= self.api_port <= 65535:
+            raise RigllmError("the API port must be in 1-65535")
+
+
+def migrate(store: QSettings) -> None:
+    """Version 1 kept the system prompt as one string under `system_prompt`; it becomes a preset."""
+    version = int(store.value("version", 0) or 0)
+    if version == 1 and store.contains("system_prompt"):
+        presets = dict(DEFAULT_PRESETS, **{"Custom": str(store.value("system_prompt"))})
+        store.setValue("presets", presets)
+        store.setValue("system_preset", "Custom")
+        store.remove("system_prompt")
+    store.setValue("version", SETTINGS_VERSION)
+
+
+def load(store: QSettings) -> AppSettings:
+    migrate(store)
+    defaults = AppSettings()
+    values: dict[str, Any] = {}
+    for f in fields(AppSettings):
+        default = getattr(defaults, f.name)
+        raw = store.value(f.name, default)
+        try:
+            if isinstance(default, bool):
+                value = raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1")
+            elif isinstance(default, dict):
+                value = {str(k): str(v) for k, v in dict(raw).items()}
+            else:
+                value = type(default)(raw)
+        except (TypeError, ValueError):
+            value = default
+        values[f.name] = value
+    settings = AppSettings(**values)
+    try:
+        settings.validate()
+    except RigllmError:
+        return defaults
+    return settings
+
+
+def save(store: QSettings, settings: AppSettings) -> None:
+    for name, value in asdict(settings).items():
+        store.setValue(name, value)
+    store.setValue("version", SETTINGS_VERSION)
+    store.sync()

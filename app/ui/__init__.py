@@ -1,0 +1,1 @@
+"""Widgets of the desktop app; only the GUI thread creates or touches them."""

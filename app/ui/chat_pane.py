@@ -1,0 +1,295 @@
+"""The chat pane: the conversation's messages, the composer, and the streaming of an answer.
+
+An answer is stored the moment it starts (status `streaming`) and re-saved as it grows (at most
+every `SAVE_INTERVAL` seconds), so a crash keeps what was generated. Rendering is throttled to one
+repaint per `RENDER_INTERVAL_MS`: re-rendering markdown on every token would starve the GUI.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
+
+from engine.errors import RigllmError
+from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
+from engine.server.generation_job import Finished
+from engine.server.worker import QueueFull
+
+from app.chat_engine import ChatEngine
+from app.chat_records import COMPLETE, FAILED, STOPPED, STREAMING, Attachment, Message
+from app.chat_store import ChatStore
+from app.settings import AppSettings
+from app.ui.composer import Composer
+from app.ui.message_widget import MessageWidget
+
+SAVE_INTERVAL = 0.5
+RENDER_INTERVAL_MS = 60
+TITLE_LENGTH = 48
+
+
+class _Stream:
+    """The answer being generated and its timing."""
+
+    def __init__(self, job_id: int, message: Message, widget: MessageWidget):
+        self.job_id = job_id
+        self.message = message
+        self.widget = widget
+        self.submitted = time.perf_counter()
+        self.first_piece: float | None = None
+        self.reasoning_started: float | None = None
+        self.saved = 0.0
+
+
+class ChatPane(QWidget):
+    conversations_changed = Signal()
+    answer_speed = Signal(float)  # tokens/s of the last finished answer (for the rig monitor)
+    notice = Signal(str)  # one-line messages for the status bar
+
+    def __init__(self, store: ChatStore, settings: Callable[[], AppSettings], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.store = store
+        self._settings = settings
+        self.engine: ChatEngine | None = None
+        self.conversation_id: int | None = None
+        self.messages: list[Message] = []
+        self.widgets: list[MessageWidget] = []
+        self.stream: _Stream | None = None
+        self.skip = 0
+        self._editing: Message | None = None
+
+        layout = QVBoxLayout(self)
+        self.banner = QLabel()
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet("background: #fff3cd; color: #664d03; padding: 4px")
+        layout.addWidget(self.banner)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.container = QWidget()
+        self.column = QVBoxLayout(self.container)
+        self.column.addStretch(1)
+        self.scroll.setWidget(self.container)
+        layout.addWidget(self.scroll, 1)
+        self.context_bar = QWidget()
+        bar = QHBoxLayout(self.context_bar)
+        self.context_label = QLabel()
+        self.context_label.setWordWrap(True)
+        self.drop_button = QPushButton("Drop oldest turns")
+        self.drop_button.setToolTip("Leave the oldest messages out of the prompt; they stay in this chat")
+        self.drop_button.clicked.connect(self.drop_oldest_turns)
+        self.new_chat_button = QPushButton("Continue in a new chat")
+        self.new_chat_button.setToolTip("Start a new chat with your last message")
+        self.new_chat_button.clicked.connect(self.continue_in_new_chat)
+        bar.addWidget(self.context_label, 1)
+        bar.addWidget(self.drop_button)
+        bar.addWidget(self.new_chat_button)
+        self.context_bar.setVisible(False)
+        layout.addWidget(self.context_bar)
+        self.composer = Composer()
+        self.composer.send_requested.connect(self.send)
+        self.composer.stop_requested.connect(self.stop)
+        self.composer.error.connect(self.notice.emit)
+        layout.addWidget(self.composer)
+        self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self._render_stream)
+        self.set_engine(None)
+
+    # engine
+
+    def set_engine(self, engine: ChatEngine | None) -> None:
+        if self.engine is not None:
+            self.engine.piece.disconnect(self._on_piece)
+            self.engine.finished.disconnect(self._on_finished)
+            self.engine.failed.disconnect(self._on_failed)
+        self.engine = engine
+        if engine is not None:
+            engine.piece.connect(self._on_piece)
+            engine.finished.connect(self._on_finished)
+            engine.failed.connect(self._on_failed)
+        label = engine.info.label if engine else "No model loaded: use Model > Load model..."
+        self.banner.setText(label)
+        self.banner.setVisible(bool(label))
+
+    # conversations
+
+    def show_conversation(self, conversation_id: int | None) -> None:
+        if self.stream is not None:
+            self.stop()
+        self.conversation_id = conversation_id
+        self.skip = 0  # leading messages left out of the prompt (the user chose "Drop oldest turns")
+        self.context_bar.setVisible(False)
+        self.messages = self.store.messages(conversation_id) if conversation_id is not None else []
+        for w in self.widgets:
+            w.deleteLater()
+        self.widgets = []
+        for m in self.messages:
+            self._add_widget(m)
+        self._update_regenerate()
+
+    def _add_widget(self, message: Message) -> MessageWidget:
+        widget = MessageWidget(message)
+        widget.edit_requested.connect(self.edit)
+        widget.regenerate_requested.connect(self.regenerate)
+        self.column.insertWidget(self.column.count() - 1, widget)
+        self.widgets.append(widget)
+        QTimer.singleShot(0, lambda: self.scroll.verticalScrollBar().setValue(self.scroll.verticalScrollBar().maximum()))
+        return widget
+
+    def _update_regenerate(self) -> None:
+        last = len(self.messages) - 1
+        for i, widget in enumerate(self.widgets):
+            widget.set_regenerate_visible(i == last and widget.message.role == "assistant" and self.stream is None)
+
+    # sending
+
+    def send(self, text: str, attachments: list[Attachment]) -> None:
+        if self.engine is None:
+            self.notice.emit("Load a model first (Model > Load model...)")
+            return
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create_conversation(text[:TITLE_LENGTH] or "Images")
+            self.conversations_changed.emit()
+        if self._editing is not None:
+            self._truncate(self.messages.index(self._editing))
+            self._editing = None
+        user = Message("user", text, attachments=attachments)
+        self.store.add_message(self.conversation_id, user)
+        self.messages.append(user)
+        self._add_widget(user)
+        self.composer.clear()
+        if attachments:  # ChatEngine.prompt_messages sends text only until the engine takes images
+            self.notice.emit("Images are kept with the chat; the engine does not take image input yet")
+        self._answer()
+        self.conversations_changed.emit()
+
+    def regenerate(self) -> None:
+        if self.stream is not None or not self.messages or self.messages[-1].role != "assistant":
+            return
+        self._truncate(len(self.messages) - 1)
+        self._answer()
+
+    def edit(self, message: Message) -> None:
+        """Put the message back in the composer; sending replaces it and everything after it."""
+        if self.stream is not None:
+            return
+        self._editing = message
+        self.composer.text.setPlainText(message.content)
+        for att in message.attachments:
+            self.composer.add_attachment(att)
+        self.notice.emit("Editing a message: sending replaces it and the answers after it")
+
+    def _truncate(self, keep: int) -> None:
+        assert self.conversation_id is not None
+        self.store.truncate(self.conversation_id, keep)
+        self.skip = min(self.skip, keep)
+        for widget in self.widgets[keep:]:
+            widget.deleteLater()
+        del self.widgets[keep:], self.messages[keep:]
+
+    def _answer(self) -> None:
+        assert self.engine is not None and self.conversation_id is not None
+        try:
+            job_id = self.engine.submit(self.messages[self.skip:], self._settings())
+        except RigllmError as err:
+            self.context_label.setText(str(err))
+            self.context_bar.setVisible(True)
+            return
+        except QueueFull as err:
+            self.notice.emit(str(err))
+            return
+        self.context_bar.setVisible(False)
+        answer = Message("assistant", "", status=STREAMING)
+        self.store.add_message(self.conversation_id, answer)
+        self.messages.append(answer)
+        self.stream = _Stream(job_id, answer, self._add_widget(answer))
+        self.composer.set_generating(True)
+        self._update_regenerate()
+
+    def drop_oldest_turns(self) -> None:
+        """Answer the last message with only as many recent turns in the prompt as fit."""
+        assert self.engine is not None
+        try:
+            self.skip += self.engine.oldest_to_drop(self.messages[self.skip:], self._settings())
+        except RigllmError as err:
+            self.context_label.setText(str(err))
+            return
+        self.notice.emit(f"the oldest {self.skip} message(s) are left out of the prompt (they stay in the chat)")
+        self._answer()
+
+    def continue_in_new_chat(self) -> None:
+        """Move the unanswered last message into a new chat and answer it there."""
+        last = self.messages[-1]
+        self._truncate(len(self.messages) - 1)
+        self.show_conversation(None)
+        self.send(last.content, last.attachments)
+
+    def stop(self) -> None:
+        """End the answer now: the text so far stays, marked stopped."""
+        if self.stream is None or self.engine is None:
+            return
+        self.engine.stop(self.stream.job_id)
+        self._end(STOPPED)
+
+    # streaming
+
+    def _on_piece(self, job_id: int, events: list) -> None:
+        stream = self.stream
+        if stream is None or job_id != stream.job_id:
+            return
+        now = time.perf_counter()
+        if stream.first_piece is None:
+            stream.first_piece = now
+            stream.message.stats["ttft_seconds"] = now - stream.submitted
+        m = stream.message
+        for event in events:
+            if isinstance(event, ReasoningDelta):
+                stream.reasoning_started = stream.reasoning_started or now
+                m.reasoning += event.text
+            elif isinstance(event, ContentDelta):
+                if m.reasoning and m.reasoning_seconds is None:
+                    m.reasoning_seconds = now - (stream.reasoning_started or stream.submitted)
+                m.content += event.text
+            elif isinstance(event, ToolCall):
+                m.tool_calls.append(event.as_openai())
+        if now - stream.saved > SAVE_INTERVAL:
+            self.store.update_message(m)
+            stream.saved = now
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def _render_stream(self) -> None:
+        if self.stream is not None:
+            self.stream.widget.refresh()
+
+    def _on_finished(self, job_id: int, result: Finished) -> None:
+        stream = self.stream
+        if stream is None or job_id != stream.job_id:
+            return
+        m = stream.message
+        if m.reasoning and m.reasoning_seconds is None:
+            m.reasoning_seconds = result.prefill_seconds + result.decode_seconds
+        m.stats["tokens"] = result.completion_tokens
+        if result.decode_seconds > 0 and result.completion_tokens > 1:
+            m.stats["tokens_per_second"] = (result.completion_tokens - 1) / result.decode_seconds
+            self.answer_speed.emit(m.stats["tokens_per_second"])
+        self._end(COMPLETE)
+
+    def _on_failed(self, job_id: int, message: str) -> None:
+        stream = self.stream
+        if stream is None or job_id != stream.job_id:
+            return
+        stream.message.content += f"\n\n**Generation failed:** {message}"
+        self._end(FAILED)
+
+    def _end(self, status: str) -> None:
+        stream = self.stream
+        assert stream is not None
+        self.stream = None
+        stream.message.status = status
+        self.store.update_message(stream.message)
+        stream.widget.refresh()
+        self.composer.set_generating(False)
+        self._update_regenerate()
+        self.conversations_changed.emit()

@@ -1,0 +1,104 @@
+"""The admin API beside the OpenAI one: plan, load/unload with progress, card telemetry, recent logs.
+
+It is what a headless rig is driven by from the desktop app ("Connect to rig"). Mounted inside
+`create_app`, so the same API-key middleware guards `/admin/*` as the OpenAI routes. Plans are
+exactly `rigllm info --json`'s (`engine.gguf.info.describe`), so the app, the CLI and the remote rig
+show one verdict.
+
+    GET  /admin/plan?model=PATH&context=N&kv=FORMAT   planner verdict for 1-4 cards (default: the loaded model)
+    GET  /admin/load                                  load state and per-card progress
+    POST /admin/load   {"model": PATH, "context": N, "backend": "auto|reference|cuda"}  202, then poll
+    POST /admin/load/cancel                           stop a load in flight (the backend frees what it took)
+    POST /admin/unload                                finish running requests, free the cards
+    GET  /admin/cards                                 NVML telemetry, cards in PCI bus order
+    GET  /admin/logs?n=200&level=INFO                 newest log records, oldest first
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.errors import RigllmError
+from engine.generation.backend import BACKEND_CHOICES
+from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
+from engine.server.admin_host import ModelHost
+from engine.server.admin_logs import LogRing
+from engine.server.api_errors import APIError
+from engine.telemetry import TelemetrySource
+
+MAX_LOG_RECORDS = 2000
+
+
+class LoadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="path of a qwen35 GGUF on the server")
+    context: int | None = Field(default=None, ge=2, description="tokens one conversation may hold")
+    backend: str | None = Field(default=None, description=f"one of {', '.join(BACKEND_CHOICES)}")
+
+
+def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> APIRouter:
+    """The `/admin` routes over one model host, one telemetry source and one log ring."""
+    router = APIRouter(prefix="/admin", tags=["admin"])
+    telemetry_lock = threading.Lock()  # NVML sources are polled from one thread at a time
+
+    def plan(model: str | None = None, context: int | None = Query(default=None, ge=1),
+             kv: str = DEFAULT_LONG_CONTEXT_FORMAT) -> dict[str, Any]:
+        from engine.gguf.info import describe
+        from engine.gguf.loader import load_model
+
+        path = model or host.status()["path"]
+        if path is None:
+            raise APIError(400, "no model given and none is loaded: pass ?model=PATH", param="model")
+        try:
+            return describe(load_model(path), context, kv)
+        except RigllmError as err:
+            raise APIError(400, str(err), param="model") from None
+
+    def load_status() -> dict[str, Any]:
+        return host.status()
+
+    def load(req: LoadRequest) -> JSONResponse:
+        if req.backend is not None and req.backend not in BACKEND_CHOICES:
+            raise APIError(400, f"backend must be one of {', '.join(BACKEND_CHOICES)}", param="backend")
+        host.start_load(req.model, req.context, req.backend)
+        return JSONResponse(host.status(), status_code=202)
+
+    def cancel_load() -> dict[str, Any]:
+        return {"cancelled": host.cancel_load(), **host.status()}
+
+    def unload() -> dict[str, Any]:
+        return {"unloaded": host.unload(), **host.status()}
+
+    def cards() -> dict[str, Any]:
+        with telemetry_lock:
+            snap = telemetry.read()
+        return {
+            "time": snap.time,
+            "error": snap.error,
+            "warnings": list(snap.warnings),
+            "cards": [dataclasses.asdict(c) | {"memory_free": c.memory_free} for c in snap.cards],
+        }
+
+    def recent_logs(n: int = Query(default=200, ge=1, le=MAX_LOG_RECORDS), level: str = "INFO") -> dict[str, Any]:
+        min_level = logging.getLevelName(level.upper())
+        if not isinstance(min_level, int):
+            raise APIError(400, f"unknown log level {level!r} (DEBUG, INFO, WARNING, ERROR)", param="level")
+        return {"records": logs.recent(n, min_level)}
+
+    # Plain `def` routes run in FastAPI's thread pool: loading a header, unloading (which waits for running
+    # requests) and NVML reads block, and must not stall the event loop that streams tokens.
+    router.add_api_route("/plan", plan, methods=["GET"])
+    router.add_api_route("/load", load_status, methods=["GET"])
+    router.add_api_route("/load", load, methods=["POST"], status_code=202)
+    router.add_api_route("/load/cancel", cancel_load, methods=["POST"])
+    router.add_api_route("/unload", unload, methods=["POST"])
+    router.add_api_route("/cards", cards, methods=["GET"])
+    router.add_api_route("/logs", recent_logs, methods=["GET"])
+    return router

@@ -1,0 +1,122 @@
+"""Render the main window, the loading sheet and the rig monitor to PNGs for review.
+
+    xvfb-run -a -s "-screen 0 1400x900x24" python packaging/screenshots.py OUTDIR
+
+Runs against a throw-away data folder and settings file (never the user's), the generated demo model
+on the CPU, and a scripted telemetry source showing three CMP 100-210 cards (card 2 running hot, so
+an alert shows). The 27B sheet prices the released Qwen3.5-27B shape from its config, no file needed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+DATA = tempfile.mkdtemp(prefix="rigllm-shots-")
+os.environ["RIGLLM_DATA_DIR"] = DATA
+os.environ["XDG_CONFIG_HOME"] = os.path.join(DATA, "config")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
+
+from engine.generation.load_progress import LoadProgress  # noqa: E402
+from engine.generation.model_footprint import footprint_for  # noqa: E402
+from engine.gguf.shapes import shape_config  # noqa: E402
+from engine.telemetry import FakeSource, cmp_100_210  # noqa: E402
+
+from app.chat_records import Message  # noqa: E402
+from app.chat_store import ChatStore  # noqa: E402
+from app.main import chats_path  # noqa: E402
+from app.ui.load_sheet import Inspected  # noqa: E402
+from app.ui.main_window import MainWindow  # noqa: E402
+
+SAMPLE = [
+    Message("user", "How do I read a GGUF header in Python?"),
+    Message("assistant", "Use the `gguf` package:\n\n```python\nfrom gguf import GGUFReader\n\nreader = GGUFReader(\"model.gguf\")\n"
+            "print(reader.fields[\"general.architecture\"])\n```\n\nEach field holds its **type** and value.",
+            reasoning="The user wants the header. The gguf package has a reader class.", reasoning_seconds=1.4,
+            stats={"tokens": 61, "tokens_per_second": 22.4, "ttft_seconds": 0.41}),
+]
+
+
+def wait(ms: int) -> None:
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
+def wait_for(condition, timeout_ms: int = 60000) -> None:
+    waited = 0
+    while not condition():
+        if waited > timeout_ms:
+            raise SystemExit("screenshots: timed out waiting for the app")
+        wait(50)
+        waited += 50
+
+
+def shot(widget: QWidget, out: Path, name: str) -> None:
+    wait(300)
+    path = out / f"{name}.png"
+    widget.grab().save(str(path))
+    print(path)
+
+
+def main(out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    app = QApplication(sys.argv[:1])
+    source = FakeSource([cmp_100_210(i, memory_used=(310 + 900 * (i == 1)) << 20) for i in range(3)])
+    source.set_card(2, temperature_c=88, hbm_temperature_c=93)
+    store = ChatStore(chats_path())
+    cid = store.create_conversation("Reading GGUF headers")
+    for m in SAMPLE:
+        store.add_message(cid, m)
+    # polled faster than 1 Hz so the sparklines have some history by the time of the shot
+    window = MainWindow(store, QSettings(str(Path(DATA) / "settings.ini"), QSettings.IniFormat), source, poll_ms=40)
+    window.show()
+    window.start_default_model(None)
+    wait_for(lambda: window.engine is not None)
+    window.chat.send("Write a haiku about mining cards.", [])
+    wait_for(lambda: window.chat.stream is None)
+    window.conversations.refresh(select=cid)
+    window.conversations.list.setCurrentRow(window.conversations.list.currentRow())
+    window.chat.show_conversation(cid)
+    shot(window, out, "main_window")
+    window.conversations.list.setCurrentRow(0)
+    shot(window, out, "main_window_demo_answer")
+
+    sheet = window.open_load_sheet()
+    wait_for(lambda: sheet.inspected is not None)
+    shot(sheet, out, "load_sheet_demo")
+    big = Inspected(sheet.inspected.path, sheet.inspected.loaded, footprint_for(shape_config("27b")))
+    sheet.show_model(big)
+    sheet.model_label.setText("<b>Qwen3.5-27B shape</b> (priced from its config for this screenshot; no file)")
+    sheet.context_spin.setValue(262144)
+    sheet.set_kv("f16")
+    shot(sheet, out, "load_sheet_27b_short")
+    sheet.apply_fix(sheet.current.fixes[0])
+    shot(sheet, out, "load_sheet_27b_fixed")
+    sheet.progress_box.setVisible(True)
+    for card, done in ((0, 9.1e9), (1, 6.2e9), (2, 2.0e9)):
+        sheet._progress(LoadProgress(card, "uploading weights", int(done), int(9.6e9), done / 2.4e8))
+    shot(sheet, out, "load_sheet_progress")
+    sheet.close()
+
+    window.tabs.setCurrentWidget(window.rig)
+    wait(2500)
+    shot(window, out, "rig_monitor")
+    history = window.rig.open_history(0)
+    shot(history, out, "rig_history")
+    history.close()
+    window.tabs.setCurrentWidget(window.api)
+    shot(window, out, "api_panel")
+    window.close()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python packaging/screenshots.py OUTDIR")
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,177 @@
+"""The /admin API mounted in create_app (same API key), driving a ModelHost on the demo model and the reference backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.cli import main
+from engine.generation.backend import open_backend
+from engine.generation.load_progress import LoadProgress
+from engine.gguf.demo_model import ensure_demo_model
+from engine.server.admin import admin_router
+from engine.server.admin_host import ModelHost
+from engine.server.admin_logs import LogRing, install_log_ring, remove_log_ring
+from engine.server.app import create_app
+from engine.telemetry import FakeSource, cmp_100_210
+
+KEY = "sk-admin"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def reporting_opener(gate: threading.Event):
+    """Opens the reference backend after reporting two cards' upload progress (as the CUDA backend does);
+    waits for `gate` halfway."""
+
+    def opener(name, loaded, context, progress):
+        for card in (0, 1):
+            progress(LoadProgress(card, "uploading weights", 50, 100, 0.5))
+        assert gate.wait(20)
+        for card in (0, 1):
+            progress(LoadProgress(card, "ready", 100, 100, 1.0))
+        return open_backend("reference", loaded, context=context)
+
+    return opener
+
+
+@pytest.fixture
+def rig():
+    """A host with the demo model loaded, and a TestClient on create_app + the admin router."""
+    ring = install_log_ring(capacity=100)
+    gate = threading.Event()
+    gate.set()
+    host = ModelHost(backend="reference", opener=reporting_opener(gate))
+    host.load(ensure_demo_model(), label="demo")
+    service, worker = host.require()
+    app = create_app(service, worker, KEY)
+    app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), ring))
+    with TestClient(app) as client:
+        yield SimpleNamespace(client=client, host=host, gate=gate)
+    host.close()
+    remove_log_ring(ring)
+
+
+def wait_for(client, state: str) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = client.get("/admin/load", headers=AUTH).json()
+        if status["state"] == state:
+            return status
+        time.sleep(0.02)
+    raise AssertionError(f"load state never became {state}: {status}")
+
+
+def test_admin_routes_need_the_api_key(rig):
+    for path in ("/admin/load", "/admin/cards", "/admin/logs", "/admin/plan"):
+        r = rig.client.get(path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+    assert rig.client.post("/admin/unload").status_code == 401
+    assert rig.host.current is not None  # the refused unload did nothing
+
+
+def test_plan_is_rigllm_info_verdict(rig, capsys):
+    path = str(ensure_demo_model())
+    r = rig.client.get("/admin/plan", params={"model": path, "context": 2048, "kv": "f16"}, headers=AUTH)
+    assert r.status_code == 200
+    assert main(["info", path, "--json", "--context", "2048", "--kv", "f16"]) == 0
+    assert r.json() == json.loads(capsys.readouterr().out)
+    assert r.json()["plans"][0]["fits"] is True
+    loaded = rig.client.get("/admin/plan", headers=AUTH).json()  # no model: the loaded one
+    assert loaded["file"] == path and loaded["plan_settings"]["kv_format"] == "k8v3"
+    bad = rig.client.get("/admin/plan", params={"kv": "k9v9"}, headers=AUTH)
+    assert bad.status_code == 400 and "k9v9" in bad.json()["error"]["message"]
+
+
+def test_load_reports_progress_and_replaces_the_model(rig):
+    first = rig.client.get("/admin/load", headers=AUTH).json()
+    assert first["state"] == "loaded" and first["backend"] == "reference" and first["label"] == "demo"
+    assert first["cards"] == [{"card": 0, "stage": "ready", "done_bytes": 100, "total_bytes": 100, "bytes_per_s": 100,
+                               "eta_s": 0.0},
+                              {"card": 1, "stage": "ready", "done_bytes": 100, "total_bytes": 100, "bytes_per_s": 100,
+                               "eta_s": 0.0}]
+    rig.gate.clear()  # hold the next load halfway through its upload
+    r = rig.client.post("/admin/load", json={"model": str(ensure_demo_model()), "context": 512}, headers=AUTH)
+    assert r.status_code == 202
+    deadline = time.monotonic() + 30
+    while (status := rig.client.get("/admin/load", headers=AUTH).json())["done_bytes"] != 100:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+    assert status["state"] == "loading" and status["total_bytes"] == 200 and status["model"] is None
+    assert status["cards"][0]["eta_s"] == 0.5  # 50 bytes left at 100 B/s
+    busy = rig.client.post("/admin/load", json={"model": str(ensure_demo_model())}, headers=AUTH)
+    assert busy.status_code == 409
+    rig.gate.set()
+    done = wait_for(rig.client, "loaded")
+    assert done["context"] == 512 and done["done_bytes"] == 200 and done["error"] is None
+    records = rig.client.get("/admin/logs", params={"n": 50}, headers=AUTH).json()["records"]
+    assert any("loaded rigllm-demo-random-q8_0 on the reference backend (context 512)" in r["message"] for r in records)
+    assert [r["seq"] for r in records] == sorted(r["seq"] for r in records)
+
+
+def test_unload_frees_the_model_and_bad_loads_are_reported(rig, tmp_path):
+    r = rig.client.post("/admin/unload", headers=AUTH)
+    assert r.status_code == 200 and r.json()["unloaded"] is True and r.json()["state"] == "empty"
+    assert rig.host.current is None
+    assert rig.client.post("/admin/unload", headers=AUTH).json()["unloaded"] is False
+    missing = rig.client.post("/admin/load", json={"model": str(tmp_path / "nope.gguf")}, headers=AUTH)
+    assert missing.status_code == 400 and "no such file" in missing.json()["error"]["message"]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    assert rig.client.post("/admin/load", json={"model": str(bad)}, headers=AUTH).status_code == 202
+    failed = wait_for(rig.client, "failed")
+    assert "bad.gguf" in failed["error"] and failed["model"] is None
+    errors = rig.client.get("/admin/logs", params={"level": "ERROR"}, headers=AUTH).json()["records"]
+    assert errors and all(r["level"] == "ERROR" for r in errors)
+    wrong = rig.client.post("/admin/load", json={"model": str(bad), "backend": "tpu"}, headers=AUTH)
+    assert wrong.status_code == 400
+
+
+def test_cards_are_the_telemetry_snapshot(rig):
+    body = rig.client.get("/admin/cards", headers=AUTH).json()
+    assert body["error"] is None and [c["pci_bus_id"] for c in body["cards"]] == ["00000000:03:00.0", "00000000:04:00.0"]
+    card = body["cards"][0]
+    assert card["name"] == "NVIDIA CMP 100-210" and card["pcie_generation"] == 1 and card["pcie_width"] == 1
+    assert card["memory_free"] == card["memory_total"] - card["memory_used"]
+    assert rig.client.get("/admin/logs", params={"n": 0}, headers=AUTH).status_code == 400
+    assert rig.client.get("/admin/logs", params={"level": "LOUD"}, headers=AUTH).status_code == 400
+
+
+def test_a_load_can_be_cancelled_midway(rig):
+    rig.gate.clear()
+    assert rig.client.post("/admin/load/cancel", headers=AUTH).json()["cancelled"] is False  # nothing loading
+    rig.client.post("/admin/load", json={"model": str(ensure_demo_model())}, headers=AUTH)
+    deadline = time.monotonic() + 30
+    while rig.client.get("/admin/load", headers=AUTH).json()["done_bytes"] != 100:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    r = rig.client.post("/admin/load/cancel", headers=AUTH).json()
+    assert r["cancelled"] is True and r["stage"] == "cancelling"
+    rig.gate.set()
+    failed = wait_for(rig.client, "failed")
+    assert failed["error"] == "the load was cancelled" and rig.host.current is None
+
+
+def test_the_log_ring_keeps_only_the_newest_records():
+    ring = LogRing(capacity=3)
+    logger = logging.getLogger("rigllm.test-ring")
+    logger.addHandler(ring)
+    logger.setLevel(logging.INFO)
+    try:
+        for i in range(5):
+            logger.info("record %d", i)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("it failed")
+    finally:
+        logger.removeHandler(ring)
+    records = ring.recent(10)
+    assert [r["message"].splitlines()[0] for r in records] == ["record 3", "record 4", "it failed"]
+    assert "ValueError: boom" in records[-1]["message"] and records[-1]["level"] == "ERROR"
+    assert ring.recent(1, logging.ERROR) == records[-1:]

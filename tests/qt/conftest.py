@@ -1,0 +1,81 @@
+"""Desktop-app tests run on Qt's offscreen platform (no display, no system packages beyond pip)."""
+
+import os
+
+os.environ["QT_QPA_PLATFORM"] = "offscreen"  # must be set before anything imports Qt
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QObject, QSettings  # noqa: E402
+
+from engine.telemetry import FakeSource, cmp_100_210  # noqa: E402
+
+
+@pytest.fixture
+def qsettings(tmp_path):
+    return QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+
+
+@pytest.fixture
+def store(tmp_path):
+    from app.chat_store import ChatStore
+
+    s = ChatStore(tmp_path / "chats.sqlite3")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def rig():
+    """Three CMP 100-210 cards; card 1 has 1.2 GiB used by another process."""
+    return FakeSource([cmp_100_210(0), cmp_100_210(1, memory_used=1200 << 20), cmp_100_210(2)])
+
+
+@pytest.fixture
+def window(qtbot, store, qsettings, rig):
+    """The main window with the demo model loaded on the CPU and short, greedy answers."""
+    from dataclasses import replace
+
+    from app.ui.main_window import MainWindow
+
+    win = MainWindow(store, qsettings, rig, poll_ms=50)
+    qtbot.addWidget(win)
+    win.settings = replace(win.settings, max_tokens=6, thinking=False, temperature=0.0)
+    win.show()
+    win.start_default_model(None)
+    qtbot.waitUntil(lambda: win.engine is not None, timeout=120_000)
+    yield win
+    win.close()
+    destroy_in_gui_thread(win)
+
+
+def destroy_in_gui_thread(widget) -> None:
+    """Delete the widget's C++ side now, on this thread, then collect cycles here too.
+
+    Left to Python's garbage collector, a window caught in a reference cycle can be freed on whatever
+    thread happens to trigger a collection (e.g. the generation worker), and Qt then fires a GUI-thread
+    timer of the freed object: a segfault in the next test.
+    """
+    import gc
+
+    import shiboken6
+
+    if shiboken6.isValid(widget):
+        shiboken6.delete(widget)
+    gc.collect()
+
+
+class Recorder(QObject):
+    """Records a signal's emissions on the GUI thread.
+
+    Signals emitted on engine threads reach a QObject's method queued, in its thread; a plain Python
+    callable (pytest-qt's waitSignal included) would run on the emitting thread instead.
+    """
+
+    def __init__(self, signal=None):
+        super().__init__()
+        self.calls: list[tuple] = []
+        if signal is not None:
+            signal.connect(self.record)
+
+    def record(self, *args) -> None:
+        self.calls.append(args)

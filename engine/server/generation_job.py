@@ -16,17 +16,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.generation.detokenizer import IncrementalDetokenizer
+from engine.generation.json_constraint import JsonConstraint
+from engine.generation.logprobs import TokenLogprob
 from engine.generation.output_parser import THINK_CLOSE, OutputParser, ParseEvent
 from engine.generation.sampler import SamplingParams
 from engine.generation.tokenizer import Tokenizer
+from engine.server.host_pick import HostPicker
 from engine.server.stop_strings import StopMatcher
 
 
 @dataclass(frozen=True)
+class LogprobEntry:
+    """One generated token's logprobs with the tokens' bytes resolved; `text_offset` is where its text
+    starts in the generated text (characters, before the reply parser trims it)."""
+
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...]
+    text_offset: int
+
+
+@dataclass(frozen=True)
 class Piece:
-    """Parsed output that became final after one token."""
+    """Parsed output that became final after one token, and the logprobs of the tokens whose text is
+    now final (with `Job.top_logprobs` set; the two need not arrive together)."""
 
     events: list[ParseEvent]
+    logprobs: list[LogprobEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,8 @@ class Job:
     sink: Callable[[Event], None]
     turn_start: int = 0
     reply_prefix: str = ""  # the reply's forced start, part of the prompt: parsed as output, not counted
+    top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token (0-20)
+    constraint: JsonConstraint | None = None  # JSON mode's automaton; the job's tokens are then picked on the host
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def post(self, item: Event) -> None:
@@ -84,10 +102,17 @@ class AsyncSink:
 
 
 class JobOutput:
-    """Turns a job's generated tokens into posted events and decides when the job is done."""
+    """Turns a job's generated tokens into posted events and decides when the job is done.
+
+    Logprob entries wait until their token's text has passed the stop-string matcher, so they arrive
+    in order and with (or before) their text. When a stop string cuts the text, a token whose text
+    starts before the cut keeps its entry and the tokens after it get none. A token that ends inside a
+    multi-byte character counts as holding that character's position.
+    """
 
     def __init__(self, job: Job, tokenizer: Tokenizer):
         self.job = job
+        self._tokenizer = tokenizer
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopMatcher(job.stop)
         self._parser = OutputParser(thinking=job.thinking, tools=job.tools)
@@ -95,12 +120,27 @@ class JobOutput:
         self._raw = ""
         self.generated = 0
         self.reasoning_tokens = 0
+        self.picker = HostPicker(job.constraint, job.params, job.prompt_ids) if job.constraint else None
+        self._produced = 0  # characters of generated text so far
+        self._passed = 0  # characters of it the stop matcher let through
+        self._held: list[tuple[int, LogprobEntry]] = []  # (character where the token's text ends, entry)
         if job.reply_prefix:
             self._reasoning_open = False  # a forced reply start closes any reasoning block first
             self._emit(self._parser.feed(job.reply_prefix))
 
-    def add(self, token: int) -> bool:
-        """Take one generated token (not an end token); True when a stop string ended the output."""
+    @property
+    def reasoning_open(self) -> bool:
+        """Still inside the reply's reasoning (JSON mode constrains only what follows it)."""
+        return self._reasoning_open
+
+    @property
+    def complete(self) -> bool:
+        """JSON mode's object is closed, so the reply is over."""
+        return self.picker is not None and self.picker.constraint.complete
+
+    def add(self, token: int, logprob: TokenLogprob | None = None) -> bool:
+        """Take one generated token (not an end token) and its logprobs (when the job asked for them);
+        True when a stop string ended the output."""
         self.generated += 1
         if self._reasoning_open:
             self.reasoning_tokens += 1
@@ -108,20 +148,45 @@ class JobOutput:
         if self._reasoning_open:
             self._raw += text
             self._reasoning_open = THINK_CLOSE not in self._raw
-        self._emit(self._parser.feed(self._stops.feed(text)))
+        if logprob is not None:
+            start = self._produced
+            self._held.append((max(start + len(text), start + 1), self._entry(logprob, start)))
+        self._produced += len(text)
+        visible = self._stops.feed(text)
+        self._passed += len(visible)
+        self._emit(self._parser.feed(visible), self._release(final=False))
         return self._stops.hit
 
     def finish(self, stop_reason: str, prompt_tokens: int, cached_tokens: int, prefill_seconds: float,
                decode_seconds: float) -> Finished:
         """Flush what is held back and post the final event. `stop_reason`: "stop" or "length"."""
         tail = self._stops.feed(self._detok.flush())
-        self._emit(self._parser.feed(tail + self._stops.flush()) + self._parser.finish())
+        tail += self._stops.flush()
+        self._passed += len(tail)
+        self._emit(self._parser.feed(tail) + self._parser.finish(), self._release(final=True))
         reason = self._parser.finish_reason or ("stop" if self._stops.hit else stop_reason)
         done = Finished(reason, prompt_tokens, self.generated, self.reasoning_tokens, cached_tokens,
                         prefill_seconds, decode_seconds)
         self.job.post(done)
         return done
 
-    def _emit(self, events: list[ParseEvent]) -> None:
-        if events:
-            self.job.post(Piece(events))
+    def _entry(self, logprob: TokenLogprob, text_offset: int) -> LogprobEntry:
+        piece = self._tokenizer.token_bytes
+        return LogprobEntry(piece(logprob.token), logprob.logprob,
+                            tuple((piece(t), lp) for t, lp in logprob.top), text_offset)
+
+    def _release(self, final: bool) -> list[LogprobEntry]:
+        """The held entries whose text has passed the stop matcher (all that ever will, when `final`)."""
+        if self._stops.hit or final:  # after a stop string, only tokens whose text starts before the cut
+            ready = [entry for _, entry in self._held if not self._stops.hit or entry.text_offset < self._passed]
+            self._held = []
+            return ready
+        n = 0
+        while n < len(self._held) and self._held[n][0] <= self._passed:
+            n += 1
+        ready, self._held = [entry for _, entry in self._held[:n]], self._held[n:]
+        return ready
+
+    def _emit(self, events: list[ParseEvent], logprobs: list[LogprobEntry] | None = None) -> None:
+        if events or logprobs:
+            self.job.post(Piece(events, logprobs or []))

@@ -21,6 +21,8 @@ from engine.generation.tool_call_syntax import FUNCTION_OPEN
 from engine.gguf.loader import LoadedModel
 from engine.server.api_errors import APIError
 from engine.server.generation_job import Event, Job
+from engine.server.logprob_format import requested_top_logprobs
+from engine.server.response_format import json_constraint_for
 from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 
@@ -45,11 +47,10 @@ class ModelService:
 
     def chat_job(self, req: ChatCompletionRequest, sink: Callable[[Event], None]) -> Job:
         self.check_model(req.model)
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise APIError(400, f"response_format '{req.response_format.get('type')}' is not supported yet "
-                           "(constrained decoding is not implemented)", param="response_format")
-        if req.top_logprobs:
-            raise APIError(400, "top_logprobs is not supported yet", param="top_logprobs")
+        constraint = json_constraint_for(req.response_format, self.tokenizer)
+        if constraint is not None and req.tool_choice not in (None, "auto", "none"):
+            raise APIError(400, "response_format json_object cannot be combined with a required or named "
+                           "tool_choice (that reply starts with a tool call)", param="response_format")
         tools, forced = self._tools(req)
         kwargs = req.chat_template_kwargs or {}
         enable_thinking = kwargs.get("enable_thinking")
@@ -67,6 +68,7 @@ class ModelService:
         limit = req.max_completion_tokens or req.max_tokens
         job = self._job(req, prompt.token_ids, limit, prompt.thinking, tools, sink)
         job.turn_start = self.turn_start(prompt.token_ids)
+        job.constraint = constraint
         job.reply_prefix = prompt.reply_prefix
         return job
 
@@ -122,8 +124,7 @@ class ModelService:
              tools: list[dict[str, Any]] | None, sink: Callable[[Event], None]) -> Job:
         if req.n != 1:
             raise APIError(400, f"n must be 1 (got {req.n}): one choice per request is supported", param="n")
-        if req.logprobs:
-            raise APIError(400, "logprobs are not supported yet", param="logprobs")
+        top_logprobs = requested_top_logprobs(req)
         values = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                                                "presence_penalty", "frequency_penalty", "seed")}
         try:
@@ -135,7 +136,7 @@ class ModelService:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 4:
             raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
-        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink)
+        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink, top_logprobs=top_logprobs)
 
 
 def template_message(index: int, message: ChatMessage) -> dict[str, Any]:

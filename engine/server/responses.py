@@ -16,6 +16,7 @@ from typing import Any
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
 from engine.server.api_errors import error_body
 from engine.server.generation_job import AsyncSink, Failed, Finished, Job, Piece
+from engine.server.logprob_format import logprobs_payload
 
 
 def usage(done: Finished) -> dict[str, Any]:
@@ -81,10 +82,15 @@ async def stream_chunks(job: Job, sink: AsyncSink, shape: CompletionShape, inclu
                                     "logprobs": None, "finish_reason": None}], chunk=True))
     async for item in job_results(job, sink):
         if isinstance(item, Piece):
-            for delta in (_delta_events(item.events) if shape.chat else
-                          [{"text": e.text} for e in item.events if isinstance(e, ContentDelta)]):
+            deltas = (_delta_events(item.events) if shape.chat else
+                      [{"text": e.text} for e in item.events if isinstance(e, ContentDelta)])
+            logprobs = logprobs_payload(item.logprobs, shape.chat) if item.logprobs else None
+            if logprobs is not None and not deltas:  # the tokens' text is still held by the reply parser
+                deltas = [{} if shape.chat else {"text": ""}]
+            for k, delta in enumerate(deltas):
                 choice = {"index": 0, "delta": delta} if shape.chat else {"index": 0, **delta}
-                yield _sse(shape.envelope([{**choice, "logprobs": None, "finish_reason": None}], chunk=True))
+                lp = logprobs if k == len(deltas) - 1 else None  # the piece's tokens ride on its last chunk
+                yield _sse(shape.envelope([{**choice, "logprobs": lp, "finish_reason": None}], chunk=True))
         elif isinstance(item, Failed):
             yield _sse(error_body(500, item.message))
         else:
@@ -97,11 +103,12 @@ async def stream_chunks(job: Job, sink: AsyncSink, shape: CompletionShape, inclu
 
 async def collect(job: Job, sink: AsyncSink, shape: CompletionShape) -> dict[str, Any] | Failed:
     """The whole response object, or the failure that ended the job."""
-    reasoning, content, calls = [], [], []
+    reasoning, content, calls, entries = [], [], [], []
     async for item in job_results(job, sink):
         if isinstance(item, Failed):
             return item
         if isinstance(item, Piece):
+            entries += item.logprobs
             for e in item.events:
                 if isinstance(e, ReasoningDelta):
                     reasoning.append(e.text)
@@ -118,6 +125,7 @@ async def collect(job: Job, sink: AsyncSink, shape: CompletionShape) -> dict[str
             choice = {"index": 0, "message": message}
         else:
             choice = {"index": 0, "text": "".join(content)}
-        body = shape.envelope([{**choice, "logprobs": None, "finish_reason": item.finish_reason}], chunk=False)
+        logprobs = logprobs_payload(entries, shape.chat) if job.top_logprobs is not None else None
+        body = shape.envelope([{**choice, "logprobs": logprobs, "finish_reason": item.finish_reason}], chunk=False)
         return {**body, "usage": usage(item)}
     return Failed("generation ended without a result")

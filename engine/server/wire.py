@@ -82,7 +82,6 @@ class SamplingFields(RequestBody):
     n: int = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -92,9 +91,11 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool | None = None
     top_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
     echo: bool | None = False
+    logprobs: int | None = None  # the legacy form: how many alternatives per token (0-5)

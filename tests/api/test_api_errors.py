@@ -66,7 +66,7 @@ def test_unknown_model_is_404(server):
 
 def test_unsupported_features_are_clear_400s(server):
     client = server.client()
-    error = refused(client, 400, model=server.model_id, messages=HELLO, response_format={"type": "json_object"})
+    error = refused(client, 400, model=server.model_id, messages=HELLO, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
     assert "not supported yet" in error["message"]
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
     assert "not supported yet" in refused(client, 400, model=server.model_id, messages=image)["message"]

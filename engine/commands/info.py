@@ -19,8 +19,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--context", type=int, default=None, help="context (tokens) for the per-card split; default: the model's"
     )
     parser.add_argument(
-        "--kv", default=None, help="KV format for the per-card split (f16, k8v8, k8v4, k8v3, k4v4, k3v3); default: k8v3"
+        "--kv",
+        default=None,
+        help="KV format for the per-card split (f16, k8v8, k8v4, k8v3, k4v4, k3v3, or any k<bits>v<bits>); "
+        "default: k8v3",
     )
+    for side in ("k", "v"):
+        parser.add_argument(
+            f"--{side}-bits", type=int, default=None,
+            help=f"bits of the {side.upper()} cache (16, 8, 4, 3), overriding --kv's {side.upper()} side",
+        )
     parser.add_argument("--no-mtp", action="store_true", help="plan without the MTP block even if the file has one")
     parser.set_defaults(func=run)
 
@@ -30,14 +38,14 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.errors import RigllmError
     from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
+    from engine.generation.memory_plan import resolve_kv_format
     from engine.gguf.info import describe, render_text
     from engine.gguf.loader import load_model
 
     if args.context is not None and args.context < 1:
         raise RigllmError(f"--context must be at least 1, not {args.context}")
+    kv = resolve_kv_format(args.kv or DEFAULT_LONG_CONTEXT_FORMAT, args.k_bits, args.v_bits)
     model = load_model(args.file)
-    info = describe(
-        model, args.context, args.kv or DEFAULT_LONG_CONTEXT_FORMAT, with_mtp=False if args.no_mtp else None
-    )
+    info = describe(model, args.context, kv.name, with_mtp=False if args.no_mtp else None)
     print(json.dumps(info, indent=2) if args.json else render_text(info))
     return 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
-from engine.generation.kv_formats import KVFormat
+from engine.generation.kv_formats import CUDA_KERNEL_FORMATS, KVFormat, kv_format_for_bits, kv_format_of
 from engine.generation.model_footprint import FP32_BYTES, Footprint
 
 MIB = 1 << 20
@@ -83,6 +83,8 @@ class MemoryPlan:
     n_seqs: int  # sequences with their own GDN state
     with_mtp: bool
     notes: tuple[str, ...]
+    kv_k: str = "fp16"  # the K side's codec (kv_formats.KVCodec name: fp16, int8, wht4, wht3)
+    kv_v: str = "fp16"
 
     @property
     def total_bytes(self) -> int:
@@ -111,16 +113,35 @@ def logits_bytes(cfg: ModelConfig, n_seqs: int) -> int:
     return 2 * n_seqs * cfg.vocab_size * FP32_BYTES
 
 
+def resolve_kv_format(kv: KVFormat | str | None, k_bits: int | None, v_bits: int | None) -> KVFormat:
+    """`kv` (a format, a name, or None = f16) with its K and/or V side replaced by `k_bits` / `v_bits`."""
+    base = kv_format_of(kv)
+    if k_bits is None and v_bits is None:
+        return base
+    bits = {c: b for b, c in ((16, "fp16"), (8, "int8"), (4, "wht4"), (3, "wht3"))}
+    return kv_format_for_bits(
+        bits[base.k.name] if k_bits is None else k_bits, bits[base.v.name] if v_bits is None else v_bits
+    )
+
+
 def plan(
     fp: Footprint,
     cards: list[CardProfile],
     context: int,
-    kv: KVFormat,
+    kv: KVFormat | str | None = None,
     n_seqs: int = 1,
     with_mtp: bool = False,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    *,
+    k_bits: int | None = None,
+    v_bits: int | None = None,
 ) -> MemoryPlan:
-    """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit."""
+    """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit.
+
+    The KV format is `kv` (default f16) with the K and V sides optionally chosen by bits (16, 8, 4, 3):
+    `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan.
+    """
+    kv = resolve_kv_format(kv, k_bits, v_bits)
     cfg = fp.config
     n = len(cards)
     if n < 1 or context < 1 or n_seqs < 1 or prefill_chunk < 1:
@@ -183,7 +204,9 @@ def plan(
             f"scratch {format_bytes(worst.scratch_bytes)}) but has {format_bytes(worst.profile.usable_bytes)} usable: "
             f"short by {format_bytes(-worst.free_bytes)} on {n} card(s); use more cards, a shorter context or a smaller KV format"
         )
-    return MemoryPlan(tuple(plans), context, kv.name, n_seqs, with_mtp, tuple(_notes(fp, n, context, kv)))
+    return MemoryPlan(
+        tuple(plans), context, kv.name, n_seqs, with_mtp, tuple(_notes(fp, n, context, kv)), kv.k.name, kv.v.name
+    )
 
 
 def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list[int]:
@@ -220,6 +243,7 @@ def _notes(fp: Footprint, n_cards: int, context: int, kv: KVFormat) -> list[str]
         notes.append("tied embeddings: the last card keeps its own copy of token_embd as the LM head")
     if context > cfg.context_length:
         notes.append(f"context {context} is beyond the model's native {cfg.context_length} tokens")
-    if kv.name != "f16":
-        notes.append(f"KV format {kv.name}: sizes only; its kernels arrive with the Long-context issue")
+    if kv.name not in CUDA_KERNEL_FORMATS:
+        kernels = ", ".join(CUDA_KERNEL_FORMATS)
+        notes.append(f"KV format {kv.name}: sizes only; the CUDA backend has kernels for {kernels}")
     return notes

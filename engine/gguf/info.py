@@ -98,6 +98,8 @@ def describe(
             "usable_bytes": card.usable_bytes,
             "context": context,
             "kv_format": kv.name,
+            "kv_k": kv.k.name,
+            "kv_v": kv.v.name,
             "with_mtp": with_mtp,
         },
         "plans": plans,
@@ -170,7 +172,8 @@ def render_text(info: dict[str, Any]) -> str:
     out = [f"{key:<14}{value}" for key, value in rows]
     out.append(
         f"per-card split: 16 GB cards ({format_bytes(settings['usable_bytes'])} usable each), "
-        f"{settings['context']} tokens of context, {settings['kv_format']} KV, MTP {'on' if settings['with_mtp'] else 'off'}"
+        f"{settings['context']} tokens of context, {settings['kv_format']} KV (K {settings['kv_k']}, V {settings['kv_v']}), "
+        f"MTP {'on' if settings['with_mtp'] else 'off'}"
     )
     notes: list[str] = []
     for entry in info["plans"]:

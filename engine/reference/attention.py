@@ -3,6 +3,12 @@
 Handles any batch length against the layer's KV cache: the T new tokens are appended after the
 cached ones and each new token attends to every cached token and to the new tokens up to itself
 (causal by cache order, not by position value, because image tokens share positions).
+
+Attention reads the cache in its stored form (contracts.md "KV cache formats"): the new K/V rows are
+encoded first, then q is moved into the K codec's domain once (rotated for wht formats), scored
+against the stored keys, the probabilities weight the stored values in the V codec's domain, and the
+output comes back from that domain once per head. For the exact f16 cache both domains are the
+identity and this is plain softmax attention.
 """
 
 from __future__ import annotations
@@ -57,15 +63,26 @@ def gated_attention(
 
     n_past = cache.length
     cache.append(k, v)
-    keys, values = cache.keys, cache.values  # [S, Hkv, Dh]
+    o = attend_stored(q, cache, n_past, dh)
+    return w.out(o.reshape(t_new, h * dh) * sigmoid(gate))
 
-    group = h // hkv  # query head h reads kv head h // group (HF repeat_kv)
-    qh = q.reshape(t_new, hkv, group, dh).transpose(1, 2, 0, 3)  # [Hkv, G, T, Dh]
-    scores = (qh @ keys.transpose(1, 2, 0)[:, None]) * np.float32(dh**-0.5)  # [Hkv, G, T, S]
+
+def attend_stored(q: np.ndarray, cache: KVCache, n_past: int, head_dim: int) -> np.ndarray:
+    """softmax(q·Kᵀ/√Dh, causal)·V over the cache's stored rows, in the codecs' domains: o [T, H, Dh].
+
+    q [T, H, Dh] are the new tokens' queries (rows n_past.. of the cache are theirs); query head h
+    reads KV head h // G (HF repeat_kv).
+    """
+    t_new, h = q.shape[:2]
+    keys, values = cache.key_domain(), cache.value_domain()  # [S, Hkv, domain width]
+    hkv = keys.shape[1]
+    group = h // hkv
+    qd = cache.k_codec.to_domain(q)
+    qh = qd.reshape(t_new, hkv, group, -1).transpose(1, 2, 0, 3)  # [Hkv, G, T, Wk]
+    scores = (qh @ keys.transpose(1, 2, 0)[:, None]) * np.float32(head_dim**-0.5)  # [Hkv, G, T, S]
     visible = np.arange(cache.length)[None, :] <= (n_past + np.arange(t_new))[:, None]  # [T, S]
     scores = np.where(visible, scores, -np.inf)
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
-    o = probs @ values.transpose(1, 0, 2)[:, None]  # [Hkv, G, T, Dh]
-    o = o.transpose(2, 0, 1, 3).reshape(t_new, h * dh)
-    return w.out(o * sigmoid(gate))
+    o = probs @ values.transpose(1, 0, 2)[:, None]  # [Hkv, G, T, Wv]
+    return cache.v_codec.from_domain(o.transpose(2, 0, 1, 3).reshape(t_new, h, -1))

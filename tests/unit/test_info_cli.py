@@ -60,5 +60,15 @@ def test_json_report(valid):
 def test_bad_option_value(valid):
     result = rigllm("info", str(valid), "--kv", "k2v2")
     assert result.returncode == 2 and result.stderr.splitlines() == [
-        "rigllm: error: unknown KV format 'k2v2' (choose one of f16, k8v8, k8v4, k8v3, k4v4, k3v3)"
+        "rigllm: error: unknown KV format 'k2v2' (choose one of f16, k8v8, k8v4, k8v3, k4v4, k3v3, "
+        "or k<bits>v<bits> with bits 16, 8, 4, 3)"
     ]
+
+
+def test_separate_k_and_v_bits(valid):
+    result = rigllm("info", str(valid), "--json", "--kv", "k8v8", "--v-bits", "3")
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)["plan_settings"]
+    assert (settings["kv_format"], settings["kv_k"], settings["kv_v"]) == ("k8v3", "int8", "wht3")
+    text = rigllm("info", str(valid), "--k-bits", "3", "--v-bits", "3")
+    assert text.returncode == 0 and "k3v3 KV (K wht3, V wht3)" in text.stdout

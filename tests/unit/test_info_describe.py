@@ -70,7 +70,9 @@ def test_text_report(model):
     assert "tensor types  Q8_0 x41, F32 x30" in text
     assert "KV per token  f16 128 B  k8v8 68 B" in text
     assert "  4 cards  card 0: layers 0-0" in text
-    assert "note: KV format k8v3: sizes only" in text
+    assert "k8v3 KV (K int8, V wht3)" in text
+    assert "sizes only" not in text
+    assert "note: KV format k16v3: sizes only" in render_text(describe(model, kv_name="k16v3"))
 
 
 def test_layer_pattern_of_27b():

@@ -85,7 +85,8 @@ def test_27b_long_context_with_k8v3_fits_three_cards():
     per_layer = 4 * (272 + 100)  # Hkv x (int8 K: 8 blocks of 34 B + 3-bit V: 2 blocks of 50 B)
     attention_here = sum(not cfg.is_gdn(i) for i in last.layers)
     assert last.mtp and last.kv_bytes == 262144 * per_layer * (attention_here + 1)  # + the MTP block's KV
-    assert "KV format k8v3: sizes only; its kernels arrive with the Long-context issue" in p.notes
+    assert (p.kv_format, p.kv_k, p.kv_v) == ("k8v3", "int8", "wht3")
+    assert not any("sizes only" in n for n in p.notes)  # k8v3 has CUDA kernels
 
 
 def test_absurd_context_is_refused_naming_the_card():

@@ -1,0 +1,168 @@
+"""Host launches of the attention kernels, one function per launch (cuda_src/attention.cu and kv_cache.cu).
+
+The launch geometry of each kernel lives here once, so the forward pass and the GPU tests issue the
+same launches. Shapes, in the kernels' terms:
+  q        [T][n_head][Dh] fp32 from attn_prep (normed, rotated by RoPE, unscaled)
+  q_domain q in the K codec's attention domain: q itself for fp16/int8 keys, `rotate_q`'s output
+           [T][n_head][ceil(Dh/128)*128] for rotated (wht) keys
+  staging  fp16 [n_head_kv][stage_rows][Dh]: the batch's new K (or V) rows, row t = token t
+  partials fp32 part_m/part_l [T*n_head][n_splits], part_o [T*n_head][n_splits][Dh]
+Per-step values (position) come from the `step` buffer, so decode grids never depend on the position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.kv_cache import KVLayerCache, KVSide
+from engine.errors import RigllmError
+from engine.generation.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
+
+F32 = 4
+DECODE_THREADS = 128  # 32 * DECODE_WARPS (attention.cu) = 32 * KV_DECODE_WARPS (kv_cache.cu)
+PREFILL_THREADS = 256  # PF_THREADS / KV_PF_THREADS
+PREFILL_ROWS = 64  # PF_BQ / KV_PF_BQ: query rows (token, head of the group) per prefill block
+ENCODE_THREADS = 128  # KV_ENCODE_THREADS
+ROTATE_THREADS = 128  # kv::BLOCK
+HEAD_DIMS = (32, 64, 256)  # instantiated head widths
+GROUPS = (1, 2, 4, 6, 8)  # GQA group sizes of the fp16 decode kernels (attention.cu), every head width
+KV_DECODE_GROUPS = {256: GROUPS, 64: (1, 2, 4), 32: (1, 2, 4)}  # kv_cache.cu's decode entries
+QUANTISED_KERNEL_FORMATS = tuple(f for f in CUDA_KERNEL_FORMATS if f != "f16")  # kv_cache.cu entry points
+MAX_PREFILL_SPLITS = 8
+
+
+@dataclass(frozen=True)
+class AttnDims:
+    """The head layout one layer's launches need."""
+
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+
+    @property
+    def group(self) -> int:
+        return self.n_head // self.n_head_kv
+
+    @property
+    def scale(self) -> np.float32:
+        return np.float32(1.0 / np.sqrt(self.head_dim))
+
+
+@dataclass
+class Partials:
+    """Split partials (m, l, o) for up to `rows` = T * n_head query rows and `n_splits` splits."""
+
+    m: DeviceBuffer
+    l: DeviceBuffer
+    o: DeviceBuffer
+
+    def args(self) -> tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]:
+        return self.m, self.l, self.o
+
+
+def alloc_partials(card: CudaCard, rows: int, n_splits: int, head_dim: int, label: str = "attn") -> Partials:
+    n = rows * n_splits
+    return Partials(card.alloc(F32 * n, f"{label}.part_m"), card.alloc(F32 * n, f"{label}.part_l"),
+                    card.alloc(F32 * n * head_dim, f"{label}.part_o"))
+
+
+def decode_splits(sm_count: int, n_head_kv: int) -> int:
+    """Decode splits: about 3 blocks per SM over the KV heads (forward.py's rule)."""
+    return max(1, -(-3 * sm_count // n_head_kv))
+
+
+def prefill_splits(sm_count: int, n_tokens: int, dims: AttnDims, kv_len: int) -> int:
+    """Prefill splits: fill ~2 blocks per SM, at most MAX_PREFILL_SPLITS, and no split under 256 keys."""
+    q_tiles = -(-n_tokens * dims.group // PREFILL_ROWS)
+    return max(1, min(MAX_PREFILL_SPLITS, -(-2 * sm_count // (q_tiles * dims.n_head_kv)), -(-kv_len // 256)))
+
+
+def _check_shape(dims: AttnDims, decode: bool, quantised: bool) -> None:
+    groups = KV_DECODE_GROUPS.get(dims.head_dim, ()) if quantised else GROUPS
+    if dims.head_dim not in HEAD_DIMS or (decode and dims.group not in groups):
+        built = KV_DECODE_GROUPS if quantised else {d: GROUPS for d in HEAD_DIMS}
+        raise RigllmError(
+            f"no attention kernel for head_dim {dims.head_dim} with {dims.group} query heads per KV head "
+            f"(built, head_dim: groups: {built})"
+        )
+
+
+def kernel_format(fmt: KVFormat) -> str:
+    """The kv_cache.cu name of a quantised format; a user error for pairs without kernels."""
+    if fmt.name not in QUANTISED_KERNEL_FORMATS:
+        raise RigllmError(
+            f"KV format {fmt.name} has no CUDA kernels (built: f16, {', '.join(QUANTISED_KERNEL_FORMATS)})"
+        )
+    return fmt.name
+
+
+# ---- fp16 cache (attention.cu) --------------------------------------------------------------------
+def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer, v_cache: DeviceBuffer,
+                    step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int) -> None:
+    _check_shape(dims, decode=True, quantised=False)
+    card.kernel(f"attn_decode_d{dims.head_dim}_g{dims.group}").launch(
+        dims.n_head_kv * n_splits, DECODE_THREADS, q, k_cache, v_cache, step, *parts.args(),
+        np.int32(capacity), np.int32(n_splits), dims.scale,
+    )
+
+
+def attn_prefill_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer, v_cache: DeviceBuffer,
+                     step: DeviceBuffer, parts: Partials, n_tokens: int, capacity: int, n_splits: int) -> None:
+    _check_shape(dims, decode=False, quantised=False)
+    q_tiles = -(-n_tokens * dims.group // PREFILL_ROWS)
+    card.kernel(f"attn_prefill_d{dims.head_dim}").launch(
+        q_tiles * dims.n_head_kv * n_splits, PREFILL_THREADS, q, k_cache, v_cache, step, *parts.args(),
+        np.int32(n_tokens), np.int32(dims.n_head), np.int32(dims.n_head_kv), np.int32(capacity), np.int32(n_splits),
+        dims.scale,
+    )
+
+
+def attn_merge_gate(card: CudaCard, dims: AttnDims, parts: Partials, n_tokens: int, n_splits: int, gate: DeviceBuffer,
+                    gate_row_stride: int, gate_head_stride: int, y: DeviceBuffer | None,
+                    yq: DeviceBuffer | None = None, yd: DeviceBuffer | None = None) -> None:
+    """Merge the splits, apply sigmoid(gate); y fp32 [T][H*Dh] and/or Q8_1 (yq, yd) (attention.cu)."""
+    card.kernel("attn_merge_gate").launch(
+        n_tokens * dims.n_head, dims.head_dim, *parts.args(), np.int32(n_splits), gate, np.int32(gate_row_stride),
+        np.int32(gate_head_stride), np.int32(dims.n_head), y, yq, yd,
+    )
+
+
+# ---- quantised cache (kv_cache.cu) ----------------------------------------------------------------
+def kv_encode(card: CudaCard, side: KVSide, staging: DeviceBuffer, stage_rows: int, step: DeviceBuffer,
+              n_tokens: int, n_head_kv: int, head_dim: int, capacity: int, tables: DeviceBuffer) -> None:
+    """Encode the batch's staged rows of one side into cache rows pos..pos+T-1 (pos from `step`)."""
+    if side.codec == FP16 or side.side is None:
+        raise RigllmError("fp16 cache rows are written by attn_prep, not kv_encode")
+    card.kernel(f"kv_encode_{side.codec.name}").launch(
+        n_tokens * n_head_kv, ENCODE_THREADS, staging, np.int32(stage_rows), step, side.codes, side.side,
+        np.int32(n_head_kv), np.int32(head_dim), np.int32(capacity), tables,
+    )
+
+
+def rotate_q(card: CudaCard, q: DeviceBuffer, q_rot: DeviceBuffer, n_rows: int, head_dim: int,
+             tables: DeviceBuffer) -> None:
+    """q [n_rows][Dh] → R q [n_rows][ceil(Dh/128)*128] (n_rows = T * n_head), for caches with rotated keys."""
+    card.kernel("kv_rotate_q").launch(n_rows, ROTATE_THREADS, q, q_rot, np.int32(head_dim), tables)
+
+
+def kv_decode(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
+              parts: Partials, n_splits: int, tables: DeviceBuffer) -> None:
+    _check_shape(dims, decode=True, quantised=True)
+    card.kernel(f"kv_decode_{kernel_format(cache.format)}_d{dims.head_dim}_g{dims.group}").launch(
+        dims.n_head_kv * n_splits, DECODE_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
+        step, *parts.args(), np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables,
+    )
+
+
+def kv_prefill(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
+               parts: Partials, n_tokens: int, n_splits: int, tables: DeviceBuffer) -> None:
+    _check_shape(dims, decode=False, quantised=True)
+    q_tiles = -(-n_tokens * dims.group // PREFILL_ROWS)
+    card.kernel(f"kv_prefill_{kernel_format(cache.format)}_d{dims.head_dim}").launch(
+        q_tiles * dims.n_head_kv * n_splits, PREFILL_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes,
+        cache.v.side, step, *parts.args(), np.int32(n_tokens), np.int32(dims.n_head), np.int32(dims.n_head_kv),
+        np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables,
+    )

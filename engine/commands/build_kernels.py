@@ -20,16 +20,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "resource report. Up-to-date fatbins are reused.",
     )
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: the user kernel cache)")
+    parser.add_argument("--arch", type=int, action="append", metavar="SM",
+                        help="SASS only for these architectures (repeatable, e.g. --arch 90; sm_70 is always "
+                             "included); default: 70, 75, 80, 86, 89 and 90")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cuda.kernel_build import REPORT_NAME, build_fatbins, kernel_cache_dir
+    from engine.cuda.kernel_build import REPORT_NAME, SASS_ARCHS, build_fatbins, kernel_cache_dir
     from engine.cuda.kernel_limits import resource_violations
     from engine.cuda.ptxas import KernelResources
 
     out = args.out or kernel_cache_dir()
-    built = build_fatbins(out)
+    built = build_fatbins(out, sass_archs=args.arch or SASS_ARCHS)
     problems: list[str] = []
     print(f"{'kernel':<28} {'module':<14} {'regs':>5} {'smem':>7} {'spill':>6}")
     for module in built:

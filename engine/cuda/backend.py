@@ -17,13 +17,12 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import trunk_bytes, upload_weights
-from engine.errors import RigllmError
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
 from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
-from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
+from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.loader import LoadedModel
 
 DEFAULT_CHUNK = 256
@@ -79,17 +78,8 @@ class CudaBackend:
                          stop_ids: Collection[int] = ()) -> Iterator[int]:
         """Tokens after a prefill of `seq`, chosen on the card (only ids cross PCIe); stops before a stop id,
         at `max_tokens` or at the context's end."""
-        slot = self.slots.slot_of(seq)
-        token = self.begin(slot, SlotRequest(params, history)).token
-        for produced in range(max_tokens):
-            if token < 0:
-                raise RigllmError("the model produced NaN or infinite logits")
-            if token in stop_ids:
-                return
-            yield token
-            if produced + 1 == max_tokens or seq.next_position >= seq.capacity:
-                return
-            token = self.step({slot: token})[slot].token
+        return decode_tokens(self, self.slots.slot_of(seq), params, history, max_tokens, stop_ids,
+                             lambda: seq.next_position >= seq.capacity)
 
     # ---- the SlotBackend protocol ----------------------------------------------------------------
     def reset_slot(self, slot: int) -> None:

@@ -410,11 +410,13 @@ class CudaCard:
     def download(self, buf: DeviceBuffer, dtype: Any, shape: int | Sequence[int]) -> np.ndarray:
         return buf.download(dtype, shape)
 
-    def pinned(self, shape: int | Sequence[int], dtype: Any) -> np.ndarray:
-        """Page-locked host memory, for truly asynchronous copies."""
+    def pinned(self, shape: int | Sequence[int], dtype: Any, portable: bool = False) -> np.ndarray:
+        """Page-locked host memory, for truly asynchronous copies; `portable` makes it page-locked for every
+        context (the bridge between cards: one card copies into it, the next copies out of it)."""
         self._check_thread()
+        flags = self._cuda.host_alloc_flags.PORTABLE if portable else 0
         with self._errors("pinned host allocation"):
-            return self._cuda.pagelocked_empty(shape, dtype)
+            return self._cuda.pagelocked_empty(shape, dtype, mem_flags=flags)
 
     # ---- execution -----------------------------------------------------------------------------
     def new_stream(self) -> Stream:

@@ -4,6 +4,10 @@ Every buffer is allocated once, here, for at most `max_tokens` tokens per batch 
 per-step values (position, token count) live in each sequence's `step` device buffer and the token
 ids in `ids`, so decode can be captured as a CUDA graph and replayed with new values written there.
 
+On several cards each card's pass covers its trunk layers only (`weights.span`): the first card embeds
+the token ids, a later card starts from the hidden rows the previous card left in `h` (copied in by
+the pipeline), and only the last card applies the final norm and LM head.
+
 Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_batch`
 one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
 B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
@@ -57,7 +61,10 @@ class ForwardPass:
         self.q8: dict[int, Q8Activations] = {}
         for width in {c.d_model, c.d_ff, c.ssm_d_inner, c.q_dim}:
             self.q8[width] = alloc_q8_activations(card, width, max_tokens, f"x{width}")
-        self.logits = card.alloc(F32 * MAX_GEMV_TOKENS * c.vocab_size, "logits")  # [row][V]
+        self.embeds = weights.token_embd is not None
+        self.heads = weights.lm_head is not None
+        if self.heads:
+            self.logits = card.alloc(F32 * MAX_GEMV_TOKENS * c.vocab_size, "logits")  # [row][V]
         if c.gdn_layers:
             self.conv_out = card.alloc(F32 * max_tokens * c.ssm_conv_dim, "gdn.conv_out")
             self.gdn_y = card.alloc(F32 * max_tokens * c.ssm_d_inner, "gdn.y")
@@ -103,11 +110,12 @@ class ForwardPass:
         seq.set_step(n)
 
     def run(self, n: int, seq: DeviceSequence) -> None:
-        """The pass for the n tokens in `ids` continuing `seq` (at its `step`); the last token's logits → row 0."""
+        """The pass for the n tokens in `ids` (or hidden rows in `h`) continuing `seq` (at its `step`);
+        the last token's logits → row 0 on the card with the head, else the n hidden rows stay in `h`."""
         cfg = self.cfg
-        embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
-        for i, layer in enumerate(self.w.layers):
-            self._layer(i, layer, n, [seq])
+        self._layers(n, [seq])
+        if not self.heads:
+            return
         x = self.q8[cfg.d_model]
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
         self._norm(last, self.w.output_norm, x, 1)
@@ -119,12 +127,18 @@ class ForwardPass:
         n, cfg = len(seqs), self.cfg
         if not 1 <= n <= MAX_GEMV_TOKENS:
             raise ValueError(f"a batched step holds 1..{MAX_GEMV_TOKENS} sequences, not {n}")
-        embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
-        for i, layer in enumerate(self.w.layers):
-            self._layer(i, layer, n, seqs)
+        self._layers(n, seqs)
+        if not self.heads:
+            return
         x = self.q8[cfg.d_model]
         self._norm(self.h, self.w.output_norm, x, n)
         gemv_q8(self.card, self.w.lm_head, x, self.logits, n)
+
+    def _layers(self, n: int, seqs: list[DeviceSequence]) -> None:
+        if self.embeds:
+            embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
+        for i, layer in zip(self.w.span, self.w.layers):
+            self._layer(i, layer, n, seqs)
 
     def _layer(self, i: int, layer: LayerWeights, n: int, seqs: list[DeviceSequence]) -> None:
         """`seqs`: one sequence owning all n rows, or n sequences owning one row each."""

@@ -217,28 +217,31 @@ class BuiltModule:
     reused: bool  # True when an up-to-date fatbin was already there
 
 
-def build_fatbins(out_dir: Path, src_dir: Path = CUDA_SRC_DIR, prune: bool = True) -> list[BuiltModule]:
+def build_fatbins(out_dir: Path, src_dir: Path = CUDA_SRC_DIR, prune: bool = True,
+                  sass_archs: Sequence[int] = SASS_ARCHS) -> list[BuiltModule]:
     """Fatbins for every source into `out_dir` (reusing up-to-date ones) plus `ptxas_sm70.json`.
 
     With `prune`, older entries of the same modules are removed so a carried folder does not grow.
+    `sass_archs` always gains sm_70 (the target cards, and the resource report comes from it).
     """
+    sass_archs = tuple(sorted({70, *sass_archs}))
     chain, nvrtc = build_toolchain()
     fatbin = Nvfatbin(chain.nvfatbin_library)  # type: ignore[arg-type]  # build_toolchain checked it
     built = []
     for path in kernel_sources(src_dir):
-        key = _entry_key(path.stem, source_hash(path), nvrtc.version_text, SASS_ARCHS, PTX_ARCH)
+        key = _entry_key(path.stem, source_hash(path), nvrtc.version_text, sass_archs, PTX_ARCH)
         image_name = f"{path.stem}-{key}.fatbin"
         existing = CacheEntry.read(out_dir / f"{path.stem}-{key}.json")
         if existing is not None:
             built.append(BuiltModule(existing, out_dir / image_name, reused=True))
         else:
-            module = compile_module(path, chain, nvrtc)
+            module = compile_module(path, chain, nvrtc, sass_archs)
             image = fatbin.pack(module.name, sorted(module.cubins.items()), (PTX_ARCH, module.ptx))
             entry = CacheEntry(
                 module=module.name,
                 source_hash=module.source_hash,
                 nvrtc_version=module.nvrtc_version,
-                sass_archs=SASS_ARCHS,
+                sass_archs=sass_archs,
                 ptx_arch=PTX_ARCH,
                 image=image_name,
                 resources={k: r.as_dict() for k, r in sorted(module.resources.items())},

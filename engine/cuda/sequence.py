@@ -35,20 +35,22 @@ class DeviceSequence:
     """KV caches and GDN states for one sequence, plus the next position (spec §6.9, §8)."""
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, capacity: int, label: str = "seq",
-                 step: DeviceBuffer | None = None):
+                 step: DeviceBuffer | None = None, span: range | None = None):
         """`step`: 8 bytes for [pos, n_tokens] (e.g. a view into a buffer shared by all slots, so one
-        copy updates every slot's position before a batched step); allocated here when None."""
+        copy updates every slot's position before a batched step); allocated here when None.
+        `span`: the trunk layers this card runs (default all): only their caches and states live here."""
+        span = range(cfg.n_layers) if span is None else span
         self.card, self.cfg, self.capacity = card, cfg, capacity
         self.step = step if step is not None else card.alloc(8, f"{label}.step")
         self.next_position = 0
         self.kv: dict[int, AttentionCache] = {}
         self.gdn: dict[int, GdnState] = {}
         kv_bytes = cfg.n_head_kv * capacity * cfg.head_dim * F16
-        for i in cfg.attention_layers:
+        for i in (i for i in cfg.attention_layers if i in span):
             self.kv[i] = AttentionCache(card.alloc(kv_bytes, f"{label}.kv{i}.k"), card.alloc(kv_bytes, f"{label}.kv{i}.v"))
         conv_bytes = (cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim * F32
         rec_bytes = cfg.ssm_n_v_heads * cfg.ssm_d_state * cfg.ssm_d_head_v * F32
-        for i in cfg.gdn_layers:
+        for i in (i for i in cfg.gdn_layers if i in span):
             self.gdn[i] = GdnState(card.alloc(conv_bytes, f"{label}.gdn{i}.conv"), card.alloc(rec_bytes, f"{label}.gdn{i}.rec"))
         self.reset()
 

@@ -5,6 +5,12 @@ A decode step moves only token ids across PCIe: the host writes each slot's toke
 replays the graph captured for that set of slots (embedding → all layers on B rows → LM head → each
 slot's sampler) and reads back B ids. Separate from loading (engine.cuda.backend) so benchmarks can
 drive it over synthetic weights.
+
+On several cards (engine.cuda.pipeline) each card has its own decoder over its trunk layers: the
+`*_part` methods take the previous card's hidden rows (host memory, fp32) instead of token ids and,
+except on the last card, leave their own hidden rows in host memory for the next card, after
+waiting for the copy on the host (the fence anchor-qengine.md lesson 9 asks for). Only the last card
+has samplers.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class DecodeGraph:
         self.fwd, self.card, self.seqs = fwd, fwd.card, seqs
         with self.card.capture(f"decode x{len(seqs)}") as graph:
             fwd.run_batch(seqs)
-            for row, (sampler, plain) in enumerate(zip(samplers, greedy)):
+            for row, (sampler, plain) in enumerate(zip(samplers, greedy)):  # none on a card without the head
                 (sampler.argmax if plain else sampler.sample)(fwd.logits_row(row))
         self.graph = graph
 
@@ -47,7 +53,8 @@ class DecodeGraph:
 
 
 class SlotDecoder:
-    """`slots` sequences of `context` tokens on one card, with their samplers and step graphs."""
+    """`slots` sequences of `context` tokens on one card, with their samplers and step graphs; the card runs
+    the trunk layers `weights.span` (all of them on a single card)."""
 
     can_snapshot = True
 
@@ -58,13 +65,18 @@ class SlotDecoder:
         self.slot_count, self.prefill_chunk = slots, chunk
         self.fwd = ForwardPass(card, cfg, weights, chunk)
         self.steps = card.alloc(8 * slots, "slot steps")  # [slot][pos, n_tokens]
-        self.tokens = card.alloc(4 * slots, "slot tokens")  # each slot's picked token
         self._host_steps = card.pinned(2 * slots, np.int32)
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)
-        self._host_tokens = card.pinned(slots, np.int32)
-        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8)) for i in range(slots)]
-        self.samplers = [GpuSampler(card, cfg.vocab_size, f"sampler{i}", token=self.tokens.view(4 * i, 4))
-                         for i in range(slots)]
+        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8), weights.span)
+                     for i in range(slots)]
+        self.samplers: list[GpuSampler] = []
+        if self.fwd.heads:
+            self.tokens = card.alloc(4 * slots, "slot tokens")  # each slot's picked token
+            self._host_tokens = card.pinned(slots, np.int32)
+            self.samplers = [GpuSampler(card, cfg.vocab_size, f"sampler{i}", token=self.tokens.view(4 * i, 4))
+                             for i in range(slots)]
+        else:  # this card's hidden rows, for the next card: portable, so the next context copies at full speed
+            self.hidden_out = card.pinned((MAX_SLOTS, cfg.d_model), np.float32, portable=True)
         self._greedy = [True] * slots
         self._host_logits = [False] * slots
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
@@ -73,6 +85,7 @@ class SlotDecoder:
     def _warm_up(self) -> None:
         """Run every batch width and both pickers once: capturing executes nothing, so each kernel (and GEMV
         variant) must have been loaded by an eager launch before any capture. Leaves every slot empty."""
+        self.fwd.h.fill_zero()
         for n in range(1, self.slot_count + 1):
             self.fwd.ids.view(0, 4 * n).upload(np.zeros(n, np.int32))
             for seq in self.seqs[:n]:
@@ -95,18 +108,35 @@ class SlotDecoder:
         self.seqs[slot].reset()
 
     def prefill(self, token_ids: Sequence[int], seq: DeviceSequence) -> None:
-        """Run the tokens through the model in chunks; the last token's logits end in logits row 0."""
+        """Run the tokens through the model in chunks (single card); the last token's logits end in row 0."""
         ids = np.asarray(token_ids, dtype=np.int32)
-        if seq.next_position + len(ids) > seq.capacity:
-            raise RigllmError(f"{seq.next_position + len(ids)} tokens exceed the context of {seq.capacity}")
+        self.check_room(seq, len(ids))
         for start in range(0, len(ids), self.prefill_chunk):
-            part = ids[start : start + self.prefill_chunk]
-            self.fwd.set_batch(part, seq)
-            self.fwd.run(len(part), seq)
-            seq.next_position += len(part)
+            self.prefill_part(seq, ids[start : start + self.prefill_chunk])
 
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         self.prefill(token_ids, self.seqs[slot])
+
+    def check_room(self, seq: DeviceSequence, n: int) -> None:
+        if seq.next_position + n > seq.capacity:
+            raise RigllmError(f"{seq.next_position + n} tokens exceed the context of {seq.capacity}")
+
+    def prefill_part(self, seq: DeviceSequence, ids: np.ndarray, hidden: np.ndarray | None = None,
+                     out: np.ndarray | None = None) -> None:
+        """One chunk of n = len(ids) tokens continuing `seq`. The first card reads `ids`; a later card reads
+        `hidden` ([n][D] fp32 host rows from the previous card). A card without the head copies its hidden
+        rows into `out` and waits until they are there (the host fence before the next card reads them)."""
+        n = len(ids)
+        if self.fwd.embeds:
+            self.fwd.ids.view(0, 4 * n).upload(np.asarray(ids, dtype=np.int32))
+        else:
+            self.fwd.h.view(0, hidden.nbytes).upload(hidden)
+        seq.set_step(n)
+        self.fwd.run(n, seq)
+        seq.next_position += n
+        if not self.fwd.heads:
+            self.fwd.h.download_async(out[:n])
+            self.card.stream.synchronize()
 
     def begin(self, slot: int, request: SlotRequest) -> Pick:
         """Set up the slot's sampler (parameters and the penalty history on the device) and pick from the
@@ -129,24 +159,39 @@ class SlotDecoder:
         return Pick(sampler.read_token(), logits)
 
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
-        """Feed each slot its token and pick its next one, all in one graph replay."""
+        """Feed each slot its token and pick its next one, all in one graph replay (single card)."""
+        return self.step_part(feeds)  # type: ignore[return-value]
+
+    def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
+        """One decode step of the slots in `feeds` on this card. The first card embeds the fed tokens, a later
+        card starts from `hidden` (rows in slot order). The last card returns each slot's pick; another card
+        returns its hidden rows (in host memory, copied and fenced)."""
         slots = sorted(feeds)
         for slot in slots:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
         graph = self._graph([(slot, self._greedy[slot]) for slot in slots])
-        for row, slot in enumerate(slots):
-            self._host_ids[row] = feeds[slot]
         for slot, seq in enumerate(self.seqs):
             self._host_steps[2 * slot : 2 * slot + 2] = (seq.next_position, 1)
-        self.fwd.ids.view(0, 4 * len(slots)).upload_async(self._host_ids[: len(slots)])
+        if self.fwd.embeds:
+            for row, slot in enumerate(slots):
+                self._host_ids[row] = feeds[slot]
+            self.fwd.ids.view(0, 4 * len(slots)).upload_async(self._host_ids[: len(slots)])
+        else:
+            self.fwd.h.view(0, hidden.nbytes).upload_async(hidden)
         self.steps.upload_async(self._host_steps)
         self.card.replay(graph.graph)
+        for slot in slots:
+            self.seqs[slot].next_position += 1
+        if not self.fwd.heads:
+            out = self.hidden_out[: len(slots)]
+            self.fwd.h.download_async(out)
+            self.card.stream.synchronize()
+            return out
         self.tokens.download_async(self._host_tokens)
         self.card.stream.synchronize()
         picks = {}
         for row, slot in enumerate(slots):
-            self.seqs[slot].next_position += 1
             logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)
                       if self._host_logits[slot] else None)
             picks[slot] = Pick(int(self._host_tokens[slot]), logits)

@@ -28,8 +28,10 @@ def random_q8_weight(card: CudaCard, segments: tuple[int, ...], k: int, seed: in
     return Q8Weight(qs=qs, d=d, rows=rows, k=k, segments=segments)
 
 
-def random_model_weights(card: CudaCard, cfg: ModelConfig, seed: int = 0) -> ModelWeights:
-    """Weights of every trunk tensor of `cfg`, laid out and stacked exactly as `upload_weights` does."""
+def random_model_weights(card: CudaCard, cfg: ModelConfig, seed: int = 0, span: range | None = None) -> ModelWeights:
+    """Weights of the trunk layers `span` (default: all) and the embedding / head their card needs, laid out
+    and stacked exactly as `upload_weights` does."""
+    span = range(cfg.n_layers) if span is None else span
     rng = np.random.default_rng(seed)
     counter = iter(range(seed * 1000 + 1, 2**31))
 
@@ -41,7 +43,7 @@ def random_model_weights(card: CudaCard, cfg: ModelConfig, seed: int = 0) -> Mod
 
     c = cfg
     layers = []
-    for i in range(c.n_layers):
+    for i in span:
         p = f"blk.{i}."
         mixer: GdnWeights | AttentionWeights
         if c.is_gdn(i):
@@ -69,6 +71,8 @@ def random_model_weights(card: CudaCard, cfg: ModelConfig, seed: int = 0) -> Mod
             down=q8((c.d_model,), c.d_ff, p + "ffn_down"),
         )
         layers.append(LayerWeights(mixer, ffn))
-    token_embd = q8((c.vocab_size,), c.d_model, "token_embd")
-    lm_head = token_embd if c.tied_embeddings else q8((c.vocab_size,), c.d_model, "output")
-    return ModelWeights(token_embd, tuple(layers), ones(c.d_model, "output_norm"), lm_head)
+    ends = span.stop == c.n_layers
+    token_embd = q8((c.vocab_size,), c.d_model, "token_embd") if span.start == 0 or (ends and c.tied_embeddings) else None
+    lm_head = (token_embd if c.tied_embeddings else q8((c.vocab_size,), c.d_model, "output")) if ends else None
+    return ModelWeights(token_embd if span.start == 0 else None, tuple(layers),
+                        ones(c.d_model, "output_norm") if ends else None, lm_head, span.start)

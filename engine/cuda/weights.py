@@ -60,10 +60,27 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class ModelWeights:
-    token_embd: Q8Weight
+    """The weights one card holds: trunk layers [first_layer, first_layer + len(layers)), the embedding
+    on the card that starts the model, the final norm and LM head on the card that ends it."""
+
+    token_embd: Q8Weight | None
     layers: tuple[LayerWeights, ...]
-    output_norm: DeviceBuffer
-    lm_head: Q8Weight  # token_embd itself when the embeddings are tied
+    output_norm: DeviceBuffer | None
+    lm_head: Q8Weight | None  # token_embd itself when the embeddings are tied and one card holds both
+    first_layer: int = 0
+
+    @property
+    def span(self) -> range:
+        return range(self.first_layer, self.first_layer + len(self.layers))
+
+
+def card_tensors(name: str, cfg: ModelConfig, span: range) -> bool:
+    """Does the card holding trunk layers `span` need tensor `name`? (MTP blocks stay on the host.)"""
+    if name.startswith("blk."):
+        return int(name.split(".")[1]) in span
+    if name == "token_embd.weight":
+        return span.start == 0 or (cfg.tied_embeddings and span.stop == cfg.n_layers)
+    return span.stop == cfg.n_layers  # output_norm, output
 
 
 def q8_parts(mf: ModelFile, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -99,19 +116,20 @@ class _Uploader:
         return w
 
 
-def trunk_bytes(mf: ModelFile, cfg: ModelConfig) -> int:
-    """File bytes of the tensors `upload_weights` uploads (all but the MTP blocks, numbered from n_layers)."""
-    def in_trunk(name: str) -> bool:
-        return not name.startswith("blk.") or int(name.split(".")[1]) < cfg.n_layers
-
-    return sum(t.n_bytes for name, t in mf.tensors.items() if in_trunk(name))
+def trunk_bytes(mf: ModelFile, cfg: ModelConfig, span: range | None = None) -> int:
+    """File bytes of the tensors `upload_weights` uploads for the card holding trunk layers `span`."""
+    span = range(cfg.n_layers) if span is None else span
+    return sum(t.n_bytes for name, t in mf.tensors.items() if card_tensors(name, cfg, span))
 
 
-def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: ProgressCounter | None = None) -> ModelWeights:
-    """Every trunk tensor of `mf` on `card` (the MTP block stays on the host until MTP lands)."""
+def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: ProgressCounter | None = None,
+                   span: range | None = None) -> ModelWeights:
+    """The tensors of `mf` that the card holding trunk layers `span` (default: all) needs, on `card`
+    (the MTP block stays on the host until MTP lands)."""
+    span = range(cfg.n_layers) if span is None else span
     up = _Uploader(card, mf, progress)
     layers = []
-    for i in range(cfg.n_layers):
+    for i in span:
         p = f"blk.{i}."
         mixer: GdnWeights | AttentionWeights
         if cfg.is_gdn(i):
@@ -138,6 +156,8 @@ def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: Pr
             down=up.q8(p + "ffn_down.weight"),
         )
         layers.append(LayerWeights(mixer, ffn))
-    token_embd = up.q8("token_embd.weight")
-    lm_head = token_embd if cfg.tied_embeddings else up.q8("output.weight")
-    return ModelWeights(token_embd, tuple(layers), up.f32("output_norm.weight"), lm_head)
+    embd = up.q8("token_embd.weight") if card_tensors("token_embd.weight", cfg, span) else None
+    ends = span.stop == cfg.n_layers
+    lm_head = (embd if cfg.tied_embeddings else up.q8("output.weight")) if ends else None
+    return ModelWeights(embd if span.start == 0 else None, tuple(layers),
+                        up.f32("output_norm.weight") if ends else None, lm_head, span.start)

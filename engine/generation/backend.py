@@ -78,13 +78,16 @@ class ReferenceBackend:
 
 
 def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
-                 progress: ProgressCallback | None = None, slots: int = 1) -> Backend:
+                 progress: ProgressCallback | None = None, slots: int = 1, cards: Sequence[Any] | None = None,
+                 split: Sequence[int] | None = None) -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
     `progress` receives `LoadProgress` reports and may raise `LoadCancelled`; the backend frees what it
     had allocated before the exception propagates. `slots`: sequences decoded together (the CUDA
     backend allocates a KV cache and GDN state for each; the reference makes them on demand).
+    `cards`: `engine.cuda.pipeline.CardSpec`s to spread the layers over (default: GPU 0 alone); `split`:
+    layers per card (default: the memory plan's split).
     """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
@@ -99,5 +102,11 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         reason = gpu_unavailable_reason()
         if reason:
             raise RigllmError(f"the CUDA backend cannot run here: {reason}")
-        return CudaBackend(loaded, context=context, slots=slots, progress=progress)
+        if cards is not None and (len(cards) > 1 or split is not None):
+            from engine.cuda.pipeline import PipelineBackend
+
+            return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress)
+        spec = cards[0] if cards else None
+        return CudaBackend(loaded, context=context, slots=slots, progress=progress,
+                           card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -6,19 +6,27 @@ every decoding slot at once (on CUDA one batched pass: the weights are read once
 picks the next token of each with that slot's own sampling parameters. `HostSlots` gives any plain
 `Backend` this interface (a forward per slot, sampling on the host); the CUDA backend implements it
 natively with on-device sampling.
+
+Images are an optional capability (`ImagePrefill`): a slot backend with `supports_images` true also
+prefills prompt segments that carry image embedding rows and M-RoPE positions. `HostSlots` has it
+over the reference backend; the CUDA backend does not have it yet, and image jobs are refused there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from engine.generation.backend import Backend
+from engine.errors import RigllmError
+from engine.generation.backend import Backend, ReferenceBackend
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.gguf.config import ModelConfig
+
+if TYPE_CHECKING:
+    from engine.vision.multimodal_prompt import PromptSegment
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,21 @@ class SlotBackend(Protocol):
         """Release the backend."""
 
 
+class ImagePrefill(Protocol):
+    """The optional image capability of a `SlotBackend` (see `supports_images` before calling)."""
+
+    supports_images: bool
+
+    def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
+        """Like `prefill_slot`, with the segment's image rows taking their embeddings instead of the
+        pad token's, at the segment's (t, h, w) positions; later steps continue at the largest position + 1."""
+
+
+def supports_images(slots: SlotBackend) -> bool:
+    """Does this slot backend have the `ImagePrefill` capability?"""
+    return bool(getattr(slots, "supports_images", False))
+
+
 class _HostSlot:
     def __init__(self, sequence: Any):
         self.sequence = sequence
@@ -87,7 +110,8 @@ class HostSlots:
 
     Snapshots work when the backend's sequence objects have `snapshot()`/`restore()` (the reference's
     `SequenceState` does); otherwise `snapshot_slot` returns None and prefix reuse is limited to a
-    slot's live state.
+    slot's live state. Images work over the reference backend, whose model takes embedding rows and
+    3-component positions (its state keeps the next position for decoding).
     """
 
     DEFAULT_PREFILL_CHUNK = 512
@@ -102,6 +126,7 @@ class HostSlots:
         self.prefill_chunk = getattr(backend, "prefill_chunk", self.DEFAULT_PREFILL_CHUNK)
         self._slots = [_HostSlot(backend.new_sequence()) for _ in range(slot_count)]
         self.can_snapshot = all(hasattr(self._slots[0].sequence, name) for name in ("snapshot", "restore"))
+        self.supports_images = isinstance(backend, ReferenceBackend)
 
     def reset_slot(self, slot: int) -> None:
         self._slots[slot] = _HostSlot(self.backend.new_sequence())
@@ -109,6 +134,14 @@ class HostSlots:
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         s = self._slots[slot]
         s.logits = self.backend.forward_last(token_ids, s.sequence)
+
+    def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
+        if not isinstance(self.backend, ReferenceBackend):
+            raise RuntimeError(f"the {self.name} backend cannot take image embeddings")
+        s, model = self._slots[slot], self.backend.model
+        hidden = model.forward_hidden(segment.token_ids, s.sequence, segment.positions, segment.embeddings,
+                                      segment.embedding_rows)
+        s.logits = model.logits(hidden[-1:])[0]
 
     def begin(self, slot: int, request: SlotRequest) -> Pick:
         s = self._slots[slot]
@@ -160,6 +193,23 @@ def _nbytes(obj: Any) -> int:
     if hasattr(obj, "__dataclass_fields__"):
         return sum(_nbytes(getattr(obj, name)) for name in obj.__dataclass_fields__)
     return 0
+
+
+def decode_tokens(backend: SlotBackend, slot: int, params: SamplingParams, history: Sequence[int], max_tokens: int,
+                  stop_ids: Collection[int], full: Callable[[], bool]) -> Iterator[int]:
+    """Tokens of one slot after its prefill, chosen by the backend (on the card for CUDA): the single-sequence
+    fast path of `TokenStream`. Stops before a stop id, at `max_tokens`, or when `full()` says the slot's
+    context is used up."""
+    token = backend.begin(slot, SlotRequest(params, history)).token
+    for produced in range(max_tokens):
+        if token < 0:
+            raise RigllmError("the model produced NaN or infinite logits")
+        if token in stop_ids:
+            return
+        yield token
+        if produced + 1 == max_tokens or full():
+            return
+        token = backend.step({slot: token})[slot].token
 
 
 def slot_backend(backend: Backend, slot_count: int) -> SlotBackend:

@@ -1,0 +1,272 @@
+"""The CUDA backend over several cards: contiguous layer ranges per card, hidden states bridged through
+pinned host memory, prefill pipelined chunk by chunk (anchor-qengine.md §2.8).
+
+Each card has its own thread and context (`CardThread`), its share of the weights, its layers' KV
+caches and GDN states for every slot, and a `SlotDecoder` over its layers; the first card embeds
+tokens, the last holds the final norm, the LM head and the samplers. A hop is: D2H of the fp32 hidden
+rows into portable pinned memory on card i, a host wait for that copy (the fence the CMP needs:
+lesson 9), then H2D on card i+1. Decode makes one hop per boundary per step; prefill chunks flow
+through the cards so card i works on chunk c+1 while card i+1 works on chunk c, with two bridge
+buffers per boundary. Only token ids (and, per hop, the hidden rows) cross PCIe.
+
+The same code runs N logical cards on one GPU (several contexts on one device, each capped at a
+capacity so it plans like a 16 GB CMP card); contexts on one GPU are time-sliced, so its speed-ups
+belong to real multi-GPU hosts (contracts.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.cuda.card_thread import CardThread
+from engine.cuda.driver import CudaCard
+from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.weights import ModelWeights, trunk_bytes, upload_weights
+from engine.errors import RigllmError
+from engine.generation.kv_formats import kv_format
+from engine.generation.load_progress import ProgressCallback, ProgressCounter
+from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
+from engine.generation.model_footprint import footprint_of
+from engine.generation.sampler import SamplingParams
+from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
+from engine.gguf.config import ModelConfig
+from engine.gguf.loader import LoadedModel
+
+DEFAULT_CHUNK = 256
+WeightsFor = Callable[[CudaCard, range, ProgressCounter], ModelWeights]
+
+
+@dataclass(frozen=True)
+class CardSpec:
+    device: int = 0  # physical GPU index (several logical cards may share one)
+    capacity_bytes: int | None = None  # cap this card's memory (a "logical card"); None: the GPU's own
+
+
+@dataclass(frozen=True)
+class BridgeModel:
+    """An optional slowdown of every hop, so a fast host link feels like the CMP's PCIe Gen1 x1."""
+
+    bytes_per_second: float
+    latency_seconds: float = 0.0
+
+    def delay(self, nbytes: int) -> None:
+        time.sleep(self.latency_seconds + nbytes / self.bytes_per_second)
+
+
+def split_layers(n_layers: int, counts: Sequence[int]) -> list[range]:
+    """Contiguous ranges from per-card layer counts (a user override like 22,22,20)."""
+    if sum(counts) != n_layers or any(c < 1 for c in counts):
+        raise RigllmError(f"a layer split must give every card at least one layer and {n_layers} in all, "
+                          f"not {','.join(map(str, counts))}")
+    starts = np.cumsum([0, *counts])
+    return [range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+
+
+class _Stage:
+    """One card's share of the model; built and used only on its own thread."""
+
+    def __init__(self, index: int, spec: CardSpec):
+        self.index = index
+        self.card = CudaCard(spec.device, capacity_bytes=spec.capacity_bytes, name=f"card {index} (cuda:{spec.device})")
+
+    def profile(self) -> CardProfile:
+        total = self.card.capacity_bytes or self.card.total_bytes
+        other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
+        return CardProfile(self.card.name, total, other_used_bytes=other)
+
+    def load(self, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int, last: bool) -> None:
+        self.decoder = SlotDecoder(self.card, cfg, weights, context, slots, chunk)
+        if not last:  # two bridge buffers: chunk c+1 is copied out while the next card still reads chunk c
+            self.out = [self.card.pinned((chunk, cfg.d_model), np.float32, portable=True) for _ in range(2)]
+
+    def close(self) -> None:
+        self.card.close()
+
+
+class _Prefill:
+    """One pipelined prefill: the bridge buffers' availability and the outcome, shared by the card threads."""
+
+    def __init__(self, n_stages: int, n_chunks: int):
+        self.free = [[threading.Event() for _ in range(2)] for _ in range(n_stages)]
+        for events in self.free:
+            for e in events:
+                e.set()
+        self.n_chunks = n_chunks
+        self.done: Future = Future()
+        self.failed = False
+
+    def fail(self, err: BaseException) -> None:
+        self.failed = True
+        for events in self.free:  # no card may wait for a buffer that will never be released
+            for e in events:
+                e.set()
+        if not self.done.done():
+            self.done.set_exception(err)
+
+
+@dataclass
+class PipelineSequence:
+    """The Backend protocol's sequence handle: a slot index (each card holds its part of the slot)."""
+
+    slot: int
+
+
+class PipelineBackend:
+    """One model over several cards; implements `Backend` and `SlotBackend` like `CudaBackend`."""
+
+    name = "cuda"
+    can_snapshot = True
+
+    def __init__(self, loaded: LoadedModel | None, cards: Sequence[CardSpec], context: int | None = None,
+                 slots: int = 1, chunk: int = DEFAULT_CHUNK, split: Sequence[int] | None = None,
+                 progress: ProgressCallback | None = None, bridge: BridgeModel | None = None,
+                 config: ModelConfig | None = None, weights_for: WeightsFor | None = None):
+        """`split`: layers per card (default: the memory plan's split by free memory and per-layer cost).
+        `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card)."""
+        if not cards:
+            raise RigllmError("a pipeline needs at least one card")
+        cfg = loaded.config if loaded is not None else config
+        assert cfg is not None
+        self.config = cfg
+        self.context = min(context or cfg.context_length, cfg.context_length)
+        self.slot_count, self.prefill_chunk, self.bridge = slots, chunk, bridge
+        self.threads = [CardThread(f"rigllm-card{i}") for i in range(len(cards))]
+        self.stages: list[_Stage] = []
+        try:
+            self.stages = [t.call(_Stage, i, spec) for i, (t, spec) in enumerate(zip(self.threads, cards))]
+            profiles = [t.call(st.profile) for t, st in zip(self.threads, self.stages)]
+            if loaded is not None:
+                self.plan: MemoryPlan | None = plan(footprint_of(loaded), profiles, self.context * slots,
+                                                    kv_format("f16"), n_seqs=slots, prefill_chunk=chunk)
+            else:
+                self.plan = None
+            spans = (split_layers(cfg.n_layers, split) if split is not None else
+                     [c.layers for c in self.plan.cards] if self.plan is not None else
+                     split_layers(cfg.n_layers, _even(cfg.n_layers, len(cards))))
+            if len(spans) != len(cards):
+                raise RigllmError(f"the split gives {len(spans)} cards, {len(cards)} were given")
+            self.spans = spans
+            loads = [t.submit(self._load_stage, st, loaded, weights_for, span, progress, i == len(cards) - 1)
+                     for i, (t, st, span) in enumerate(zip(self.threads, self.stages, spans))]
+            for f in loads:  # the cards load in parallel, each on its own thread
+                f.result()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_stage(self, st: _Stage, loaded: LoadedModel | None, weights_for: WeightsFor | None, span: range,
+                    progress: ProgressCallback | None, last: bool) -> None:
+        cfg = self.config
+        total = trunk_bytes(loaded.file, cfg, span) if loaded is not None else 0
+        counter = ProgressCounter(progress, st.index, total, f"uploading layers {span.start}-{span.stop - 1}")
+        counter.report()
+        weights = (upload_weights(st.card, loaded.file, cfg, counter, span) if loaded is not None
+                   else weights_for(st.card, span, counter))  # type: ignore[misc]
+        counter.enter("allocating slots and warming up kernels")
+        st.load(cfg, weights, self.context, self.slot_count, self.prefill_chunk, last)
+        counter.enter("ready")
+
+    # ---- hops --------------------------------------------------------------------------------------
+    def _hop(self, rows: np.ndarray) -> np.ndarray:
+        if self.bridge is not None:
+            self.bridge.delay(rows.nbytes)
+        return rows
+
+    # ---- prefill -----------------------------------------------------------------------------------
+    def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
+        ids = np.asarray(token_ids, dtype=np.int32)
+        first = self.stages[0].decoder
+        first_seq = first.seqs[slot]
+        first.check_room(first_seq, len(ids))
+        chunks = [ids[i : i + self.prefill_chunk] for i in range(0, len(ids), self.prefill_chunk)]
+        run = _Prefill(len(self.stages), len(chunks))
+        for c, part in enumerate(chunks):
+            self.threads[0].submit(self._chunk, run, 0, slot, c, part, None)
+        run.done.result()
+
+    def _chunk(self, run: _Prefill, i: int, slot: int, c: int, part: np.ndarray, hidden: np.ndarray | None) -> None:
+        """Chunk c on card i (on card i's thread); hands its hidden rows to card i+1's thread."""
+        if run.failed:
+            return
+        st, last = self.stages[i], i == len(self.stages) - 1
+        try:
+            if last:
+                st.decoder.prefill_part(st.decoder.seqs[slot], part, hidden)
+            else:
+                buf = st.out[c % 2]
+                run.free[i][c % 2].wait()
+                run.free[i][c % 2].clear()
+                st.decoder.prefill_part(st.decoder.seqs[slot], part, hidden, out=buf)
+            if i > 0:
+                run.free[i - 1][c % 2].set()  # this card has copied the previous card's rows in
+            if last:
+                if c == run.n_chunks - 1:
+                    run.done.set_result(None)
+            else:
+                rows = self._hop(buf[: len(part)])
+                self.threads[i + 1].submit(self._chunk, run, i + 1, slot, c, part, rows)
+        except BaseException as err:
+            run.fail(err)
+
+    # ---- decode ------------------------------------------------------------------------------------
+    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+        hidden = None
+        for t, st in zip(self.threads[:-1], self.stages[:-1]):
+            hidden = self._hop(t.call(st.decoder.step_part, feeds, hidden))
+        return self.threads[-1].call(self.stages[-1].decoder.step_part, feeds, hidden)
+
+    def begin(self, slot: int, request: SlotRequest) -> Pick:
+        return self.threads[-1].call(self.stages[-1].decoder.begin, slot, request)
+
+    # ---- slots -------------------------------------------------------------------------------------
+    def _on_all(self, method: str, *args) -> list:
+        futures = [t.submit(getattr(st.decoder, method), *args) for t, st in zip(self.threads, self.stages)]
+        return [f.result() for f in futures]
+
+    def reset_slot(self, slot: int) -> None:
+        self._on_all("reset_slot", slot)
+
+    def snapshot_slot(self, slot: int) -> SlotSnapshot:
+        parts = self._on_all("snapshot_slot", slot)
+        return SlotSnapshot(tuple(parts), sum(p.nbytes for p in parts))
+
+    def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
+        futures = [t.submit(st.decoder.restore_slot, slot, part)
+                   for t, st, part in zip(self.threads, self.stages, snapshot.state)]
+        for f in futures:
+            f.result()
+
+    def position(self, slot: int) -> int:
+        return self.stages[0].decoder.seqs[slot].next_position
+
+    # ---- the Backend protocol (slot 0) -------------------------------------------------------------
+    def new_sequence(self) -> PipelineSequence:
+        self.reset_slot(0)
+        return PipelineSequence(0)
+
+    def forward_last(self, token_ids: Sequence[int], sequence: PipelineSequence) -> np.ndarray:
+        self.prefill_slot(sequence.slot, token_ids)
+        last = self.stages[-1].decoder
+        return self.threads[-1].call(lambda: last.fwd.logits_row(0).download(np.float32, self.config.vocab_size))
+
+    def decode_on_device(self, seq: PipelineSequence, params: SamplingParams, history: Sequence[int], max_tokens: int,
+                         stop_ids: Collection[int] = ()) -> Iterator[int]:
+        return decode_tokens(self, seq.slot, params, history, max_tokens, stop_ids,
+                             lambda: self.position(seq.slot) >= self.context)
+
+    def close(self) -> None:
+        for t, st in zip(self.threads, self.stages):
+            t.call(st.close)
+        for t in self.threads:
+            t.close()
+
+
+def _even(n_layers: int, n_cards: int) -> list[int]:
+    base, extra = divmod(n_layers, n_cards)
+    return [base + (i < extra) for i in range(n_cards)]

@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="512,2048,4096,8192,18432", help="prefill lengths, comma-separated")
     p.add_argument("--depths", default="512,4096,18432", help="decode context depths, comma-separated")
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens per GEMM)")
+    p.add_argument("--pipeline", help="instead: multi-card runs with these card counts, e.g. 1,2,3,4 (with --synthetic)")
+    p.add_argument("--devices", default="0", help="GPUs the pipeline's cards sit on, cycled (e.g. 0,1; default 0: "
+                                                   "logical cards sharing GPU 0)")
     p.add_argument("--json", dest="json_out", help="write the results here (default: stdout only)")
     p.set_defaults(func=run)
 
@@ -28,6 +31,43 @@ def _commit() -> str:
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+def _pipeline(args: argparse.Namespace, prompts: tuple[int, ...]) -> int:
+    from engine.cuda.pipeline_bench import render_pipeline_table, run_pipeline_bench
+    from engine.errors import RigllmError
+    from engine.gguf.shapes import shape_config
+
+    if not args.synthetic:
+        raise RigllmError("--pipeline needs --synthetic SHAPE")
+    counts = tuple(int(x) for x in args.pipeline.split(","))
+    devices = tuple(int(x) for x in args.devices.split(","))
+    result = run_pipeline_bench(shape_config(args.synthetic), args.synthetic, counts, devices, prompt=max(prompts),
+                                chunk=args.chunk)
+    from engine.cuda.driver import CudaCard
+
+    gpus = []
+    for d in sorted(set(devices)):
+        with CudaCard(d) as card:
+            gpus.append(card.device_name)
+    _emit(args, {"gpus": gpus, **result})
+    print(render_pipeline_table(result), file=sys.stderr)
+    return 0
+
+
+def _emit(args: argparse.Namespace, result: dict) -> None:
+    """Write the JSON (with date, commit and command) to --json or stdout."""
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": os.environ.get("RIGLLM_COMMIT") or _commit(),
+        "command": "rigllm " + " ".join(sys.argv[1:]),
+        **result,
+    }
+    text = json.dumps(result, indent=1, default=str)
+    if args.json_out:
+        Path(args.json_out).write_text(text)
+    else:
+        print(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise RigllmError("give either a MODEL file or --synthetic SHAPE")
     prompts = tuple(int(x) for x in args.prompts.split(","))
     depths = tuple(int(x) for x in args.depths.split(","))
+    if args.pipeline:
+        return _pipeline(args, prompts)
     card = CudaCard(0)
     try:
         if args.synthetic:
@@ -60,17 +102,6 @@ def run(args: argparse.Namespace) -> int:
         result = run_bench(card, cfg, weights, shape, prompts, depths, chunk=args.chunk)
     finally:
         card.close()
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": result["microbench"]["device"],
-        "commit": os.environ.get("RIGLLM_COMMIT") or _commit(),
-        "command": "rigllm " + " ".join(sys.argv[1:]),
-        **result,
-    }
-    text = json.dumps(result, indent=1, default=str)
-    if args.json_out:
-        Path(args.json_out).write_text(text)
-    else:
-        print(text)
+    _emit(args, {"gpu": result["microbench"]["device"], **result})
     print(render_table(result), file=sys.stderr)
     return 0

@@ -178,6 +178,27 @@ class PipelineBackend:
             self.bridge.delay(rows.nbytes)
         return rows
 
+    def hop_seconds(self, rows: int, repeats: int = 50) -> float:
+        """Measured time of one hop of `rows` hidden rows from card 0 to card 1: D2H into the bridge buffer,
+        the host fence, and the H2D, with the two thread hand-offs a real hop has."""
+        if len(self.stages) < 2:
+            raise RigllmError("a hop needs two cards")
+        first, second = self.stages[0], self.stages[1]
+
+        def out() -> np.ndarray:
+            buf = first.out[0][:rows]
+            first.decoder.fwd.h.download_async(buf)
+            first.card.stream.synchronize()
+            return buf
+
+        def into(buf: np.ndarray) -> None:
+            second.decoder.fwd.h.view(0, buf.nbytes).upload(buf)
+
+        start = time.perf_counter()
+        for _ in range(repeats):
+            self.threads[1].call(into, self.threads[0].call(out))
+        return (time.perf_counter() - start) / repeats
+
     # ---- prefill -----------------------------------------------------------------------------------
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         ids = np.asarray(token_ids, dtype=np.int32)

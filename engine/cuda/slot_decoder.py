@@ -203,8 +203,8 @@ class SlotDecoder:
         graph = self._graphs.get(key)
         if graph is None:
             slots = [slot for slot, _ in key]
-            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], [self.samplers[s] for s in slots],
-                                [greedy for _, greedy in key])
+            samplers = [self.samplers[s] for s in slots] if self.samplers else []  # none without the head
+            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [greedy for _, greedy in key])
             self._graphs[key] = graph
             if len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)[1].close()

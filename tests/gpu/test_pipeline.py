@@ -1,7 +1,10 @@
-"""Layers split over several logical cards (contexts on the one GPU) compute exactly what one card computes:
-the same kernels run on the same rows, and the fp32 hidden rows cross pinned host memory unchanged."""
+"""Layers split over several cards compute exactly what one card computes: the same kernels run on the same
+rows, and the fp32 hidden rows cross pinned host memory unchanged. The cards are logical (contexts on GPU
+0) unless RIGLLM_TEST_DEVICES lists GPUs to cycle through (e.g. "0,1" on a two-GPU host)."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from engine.gguf.loader import load_model
 from engine.gguf.shapes import shape_config
 from engine.gguf.synthetic import write_random_model
 
+DEVICES = [int(d) for d in os.environ.get("RIGLLM_TEST_DEVICES", "0").split(",")]
 GREEDY = SamplingParams(temperature=0.0)
 LOGITS = SlotRequest(GREEDY, (), host_logits=True)
 
@@ -24,6 +28,10 @@ def models(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline")
     return {"demo": load_model(ensure_demo_model()),
             "0.8b": load_model(write_random_model(out / "0.8b.gguf", shape_config("0.8b"), seed=3))}
+
+
+def cards(n: int, capacity: int) -> list[CardSpec]:
+    return [CardSpec(DEVICES[i % len(DEVICES)], capacity) for i in range(n)]
 
 
 def teacher_forced(backend, prompt: list[int], steps: int, chunk_tokens: list[int]) -> tuple[list[np.ndarray], list[int]]:
@@ -48,7 +56,7 @@ def test_one_to_four_logical_cards_equal_one_card(models, name):
     finally:
         single.close()
     for n in (1, 2, 3, 4):
-        pipe = PipelineBackend(loaded, [CardSpec(0, 2 << 30)] * n, context=512, chunk=64, split=_even(loaded, n))
+        pipe = PipelineBackend(loaded, cards(n, 2 << 30), context=512, chunk=64, split=_even(loaded, n))
         try:
             got, got_greedy = teacher_forced(pipe, prompt, 12, forced)
         finally:
@@ -89,7 +97,7 @@ def test_pipeline_serves_slots_and_snapshots(models):
         want = run(single)
     finally:
         single.close()
-    pipe = PipelineBackend(loaded, [CardSpec(0, 1 << 30)] * 3, context=256, chunk=64, slots=3)
+    pipe = PipelineBackend(loaded, cards(3, 1 << 30), context=256, chunk=64, slots=3)
     try:
         assert run(pipe) == want
         pipe.reset_slot(0)
@@ -107,12 +115,12 @@ def test_pipeline_serves_slots_and_snapshots(models):
 def test_a_throttled_bridge_still_computes_the_same(models):
     loaded = models["demo"]
     prompt = list(range(1, 90))
-    fast = PipelineBackend(loaded, [CardSpec(0, 1 << 30)] * 2, context=256, chunk=32)
+    fast = PipelineBackend(loaded, cards(2, 1 << 30), context=256, chunk=32)
     try:
         want, _ = teacher_forced(fast, prompt, 3, [5, 6, 7])
     finally:
         fast.close()
-    slow = PipelineBackend(loaded, [CardSpec(0, 1 << 30)] * 2, context=256, chunk=32,
+    slow = PipelineBackend(loaded, cards(2, 1 << 30), context=256, chunk=32,
                            bridge=BridgeModel(200e6, 1e-4))
     try:
         got, _ = teacher_forced(slow, prompt, 3, [5, 6, 7])
@@ -125,4 +133,4 @@ def test_a_split_that_does_not_fit_the_cards_is_refused(models):
     from engine.errors import RigllmError
 
     with pytest.raises(RigllmError, match="card|fit"):
-        PipelineBackend(models["0.8b"], [CardSpec(0, 300 << 20)] * 2, context=4096)
+        PipelineBackend(models["0.8b"], cards(2, 300 << 20), context=4096)

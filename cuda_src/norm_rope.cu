@@ -88,7 +88,9 @@ __device__ __forceinline__ float rope_rotate(const float* xs, int d, int rope_di
 //   step                per-step values; step[RIGLLM_STEP_POS] = cache index of the first new token
 // Output: q_out [T][n_head][Dh] fp32 (normed and rotated, unscaled); K (normed, rotated) and V as
 // fp16 into k_cache/v_cache [n_head_kv][capacity][Dh] at cache rows pos..pos+T-1 (rows beyond the
-// capacity are dropped; the planner sizes the cache so that never happens).
+// capacity are dropped; the planner sizes the cache so that never happens). With stage_rows > 0 the
+// rows go instead to a staging buffer [n_head_kv][stage_rows][Dh] at rows 0..T-1, which kv_encode
+// then writes into a quantised cache (kv_cache.cu).
 extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride,
                                      const float* __restrict__ k, int k_stride,
                                      const float* __restrict__ v, int v_stride,
@@ -97,7 +99,7 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride
                                      const int* __restrict__ step, float* __restrict__ q_out,
                                      __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                      int n_head, int n_head_kv, int rope_dims, int sec_h, int sec_w,
-                                     int capacity, float eps) {
+                                     int capacity, float eps, int stage_rows) {
     __shared__ float scratch[32];
     __shared__ float xs[1024];
     const int head_dim = blockDim.x;
@@ -123,9 +125,10 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride
         q_out[((size_t)t * n_head + j) * head_dim + d] = x;
         return;
     }
-    const int slot = pos + t;
-    if (slot < capacity) {
-        const size_t off = ((size_t)kv_head * capacity + slot) * head_dim + d;
+    const int slot = stage_rows > 0 ? t : pos + t;
+    const int rows = stage_rows > 0 ? stage_rows : capacity;
+    if (slot < rows) {
+        const size_t off = ((size_t)kv_head * rows + slot) * head_dim + d;
         k_cache[off] = __float2half_rn(x);
         v_cache[off] = __float2half_rn(v[(size_t)t * v_stride + (size_t)kv_head * head_dim + d]);
     }

@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default="512,2048,4096,8192,18432", help="prefill lengths, comma-separated")
     p.add_argument("--depths", default="512,4096,18432", help="decode context depths, comma-separated")
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens per GEMM)")
+    p.add_argument("--kv-sweep", metavar="FORMATS",
+                   help="instead: prefill (--prompts) and decode (--depths) tokens/s per KV format, e.g. f16,k8v3,k3v3")
     p.add_argument("--pipeline", help="instead: multi-card runs with these card counts, e.g. 1,2,3,4 (with --synthetic)")
     p.add_argument("--devices", default="0", help="GPUs the pipeline's cards sit on, cycled (e.g. 0,1; default 0: "
                                                    "logical cards sharing GPU 0)")
@@ -99,6 +101,14 @@ def run(args: argparse.Namespace) -> int:
             loaded = load_model(args.model)
             cfg, shape = loaded.config, Path(args.model).name
             weights = upload_weights(card, loaded.file, cfg)
+        if args.kv_sweep:
+            from engine.cuda.bench import kv_sweep, render_kv_sweep
+
+            formats = tuple(args.kv_sweep.split(","))
+            sweep = kv_sweep(card, cfg, weights, formats, prompts, depths, chunk=args.chunk)
+            _emit(args, {"gpu": card.device_name, "shape": shape, **sweep})
+            print(render_kv_sweep(sweep), file=sys.stderr)
+            return 0
         result = run_bench(card, cfg, weights, shape, prompts, depths, chunk=args.chunk)
     finally:
         card.close()

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.commands.placement_args import add_placement_args, placement_options
 from engine.generation.backend import BACKEND_CHOICES
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     thinking.add_argument("--no-think", dest="thinking", action="store_const", const=False, help="turn thinking off")
     p.add_argument("--hide-thinking", action="store_true", help="do not print the reasoning part")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    add_placement_args(p)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         if len(prompt_ids) >= context:
             raise RigllmError(f"the prompt with its images is {len(prompt_ids)} tokens, the context holds {context}")
     max_tokens = min(args.max_tokens, context - len(prompt_ids))
-    backend = image_backend or open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens)
+    backend = image_backend or open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens,
+                                            **placement_options(args))
 
     stream = TokenStream(backend, prompt_ids, Sampler(params), max_tokens, tokenizer.eos_ids)
     detok = IncrementalDetokenizer(tokenizer)

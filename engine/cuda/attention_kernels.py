@@ -99,6 +99,31 @@ def kernel_format(fmt: KVFormat) -> str:
     return fmt.name
 
 
+# ---- prep (norm_rope.cu) ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RopeArgs:
+    """RoPE inputs of attn_prep: inv_freq [rope_dims/2] fp32 and the M-RoPE sections (h, w)."""
+
+    inv_freq: DeviceBuffer
+    rope_dims: int
+    sec_h: int
+    sec_w: int
+
+
+def attn_prep(card: CudaCard, dims: AttnDims, qg: DeviceBuffer, qg_stride: int, k: DeviceBuffer, k_stride: int,
+              v: DeviceBuffer, v_stride: int, q_norm: DeviceBuffer, k_norm: DeviceBuffer, rope: RopeArgs,
+              positions: DeviceBuffer | None, step: DeviceBuffer, q_out: DeviceBuffer, k_dst: DeviceBuffer,
+              v_dst: DeviceBuffer, n_tokens: int, capacity: int, eps: float, stage_rows: int = 0) -> None:
+    """q/k RMSNorm + RoPE; q → q_out, K and V as fp16 into the cache at rows pos.. (k_dst/v_dst = the fp16
+    cache) or, with stage_rows > 0, into staging rows 0.. for `kv_encode` (k_dst/v_dst = staging)."""
+    card.kernel("attn_prep").launch(
+        n_tokens * (dims.n_head + dims.n_head_kv), dims.head_dim, qg, np.int32(qg_stride), k, np.int32(k_stride),
+        v, np.int32(v_stride), q_norm, k_norm, rope.inv_freq, positions, step, q_out, k_dst, v_dst,
+        np.int32(dims.n_head), np.int32(dims.n_head_kv), np.int32(rope.rope_dims), np.int32(rope.sec_h),
+        np.int32(rope.sec_w), np.int32(capacity), np.float32(eps), np.int32(stage_rows),
+    )
+
+
 # ---- fp16 cache (attention.cu) --------------------------------------------------------------------
 def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer, v_cache: DeviceBuffer,
                     step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int) -> None:

@@ -35,13 +35,16 @@ class CudaBackend:
     can_snapshot = True
 
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
-                 card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None):
+                 card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
+                 kv: str = "f16"):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
-        `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates."""
+        `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
+        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats)."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
         self.slot_count = slots
+        self.kv = kv_format(kv)
         self.card = CudaCard(card_index, capacity_bytes=card_bytes)
         try:  # a failed or cancelled load must not leave the context pushed (pycuda aborts the process at exit)
             self.plan = self._plan(loaded)
@@ -49,7 +52,7 @@ class CudaBackend:
             counter.report()
             self.weights = upload_weights(self.card, loaded.file, cfg, counter)
             counter.enter("allocating slots and warming up kernels")
-            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk)
+            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:
@@ -61,7 +64,7 @@ class CudaBackend:
         total = self.card.capacity_bytes or self.card.total_bytes
         other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
         profile = CardProfile(self.card.name, total, other_used_bytes=other)
-        return plan(footprint_of(loaded), [profile], self.context * self.slot_count, kv_format("f16"),
+        return plan(footprint_of(loaded), [profile], self.context * self.slot_count, self.kv,
                     n_seqs=self.slot_count, prefill_chunk=self.chunk)
 
     # ---- the Backend protocol (slot 0) -----------------------------------------------------------

@@ -93,6 +93,36 @@ def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int) -> floa
     return streams * steps / elapsed
 
 
+def kv_sweep(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, formats: tuple[str, ...],
+             prompts: tuple[int, ...], depths: tuple[int, ...], chunk: int = 256, decode_steps: int = 32) -> dict[str, Any]:
+    """Prefill and decode tokens/s per KV cache format (whole model, one sequence), for the long-context table."""
+    import gc
+
+    from engine.generation.kv_formats import kv_format
+
+    out: dict[str, Any] = {}
+    capacity = max(max(prompts, default=0), max(depths, default=0) + decode_steps + 2) + 8
+    for name in formats:
+        dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk, kv_format(name))
+        out[name] = {"prefill_tokens_per_s": {n: prefill_speed(dec, n) for n in prompts},
+                     "decode_tokens_per_s": {d: decode_speed(dec, 1, d, decode_steps) for d in depths}}
+        for buf in dec.seqs[0].buffers():
+            buf.free()
+        del dec
+        gc.collect()
+    return {"capacity": capacity, "formats": out}
+
+
+def render_kv_sweep(r: dict[str, Any]) -> str:
+    lines = ["format   " + "   ".join(f"prefill {n}" for n in next(iter(r["formats"].values()))["prefill_tokens_per_s"])
+             + "   " + "   ".join(f"decode @{d}" for d in next(iter(r["formats"].values()))["decode_tokens_per_s"])]
+    for name, f in r["formats"].items():
+        cells = [f"{v:>9.0f}" for v in f["prefill_tokens_per_s"].values()] + \
+                [f"{v:>10.1f}" for v in f["decode_tokens_per_s"].values()]
+        lines.append(f"{name:<8} " + "   ".join(cells))
+    return "\n".join(lines)
+
+
 def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int) -> dict[str, float]:
     """DP4A TOPS of the prefill GEMM on the FFN gate+up shape (the largest prefill matmul)."""
     rows, k = 2 * cfg.d_ff, cfg.d_model

@@ -11,9 +11,12 @@ the pipeline), and only the last card applies the final norm and LM head.
 Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_batch`
 one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
 B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
-GDN with its state) run row by row on each sequence's own state. Activations: the residual stream `h` is fp32; every matmul input is Q8_1
-(quantized by the norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is
-fp16; GDN state fp32 (architecture.md "Precision contract").
+GDN with its state) run row by row on each sequence's own state.
+
+Activations: the residual stream `h` is fp32; every matmul input is Q8_1 (quantized by the
+norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is fp16 or a
+quantised format (K/V staged in fp16, then encoded); GDN state fp32 (architecture.md "Precision
+contract").
 
 Matmuls: T <= 8 runs the DP4A GEMV (weights read once for all tokens), larger T the DP4A GEMM tile.
 Stacked weights write segment i as its own [T][rows_i] matrix (engine.cuda.gemv), which is why the
@@ -24,31 +27,38 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.cuda.attention_kernels import (
+    MAX_PREFILL_SPLITS, AttnDims, RopeArgs, alloc_partials, attn_decode_f16, attn_merge_gate, attn_prefill_f16,
+    attn_prep, decode_splits, kernel_format, kv_decode, kv_encode, kv_prefill, prefill_splits, rotate_q,
+)
 from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
 from engine.cuda.embedding import embed_q8_0
 from engine.cuda.gemm import gemm_q8
 from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8, quantize_q8_1
-from engine.cuda.sequence import AttentionCache, DeviceSequence
+from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
+from engine.generation.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import Rope
 
-F32 = 4
+F32, F16 = 4, 2
 NORM_THREADS_DECODE, NORM_THREADS_BATCH = 1024, 256
 # A decode row is split over this many blocks (bit-identical output): measured on the H200, one RMSNorm
 # of 4096 values takes 3.9 us with one block and 2.6 us with 8 (tests/gpu/test_norm_rope.py checks the bits).
 NORM_SLICES_DECODE = 8
-ATTN_DECODE_THREADS, ATTN_PREFILL_THREADS, ATTN_PREFILL_ROWS = 128, 256, 64  # attention.cu
 SWIGLU_THREADS = 256
-MAX_PREFILL_SPLITS = 8
 
 
 class ForwardPass:
     """Buffers and launches of one model on one card (see the module docstring)."""
 
-    def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, max_tokens: int):
-        self.card, self.cfg, self.w, self.max_tokens = card, cfg, weights, max_tokens
+    def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, max_tokens: int,
+                 kv: KVFormat = F16_FORMAT):
+        """`kv`: the sequences' cache format; a quantised one stages each batch's K/V rows in fp16 and encodes
+        them into the cache, and (for rotated keys) rotates q once so attention scores in the rotated domain."""
+        self.card, self.cfg, self.w, self.max_tokens, self.kv = card, cfg, weights, max_tokens, kv
         c = cfg
         self.ids = card.alloc(4 * max_tokens, "ids")
         self.h = card.alloc(F32 * max_tokens * c.d_model, "h")
@@ -71,13 +81,22 @@ class ForwardPass:
             self.gdn_dims = GdnDims.from_config(cfg)
             self.head_done = alloc_head_counters(card, self.gdn_dims, "gdn.head_done")
         if c.attention_layers:
-            self.inv_freq = card.upload(Rope(cfg).inv_freq.astype(np.float32), "rope.inv_freq")
+            self.dims = AttnDims(c.n_head, c.n_head_kv, c.head_dim)
+            sections = c.rope_sections
+            self.rope = RopeArgs(card.upload(Rope(cfg).inv_freq.astype(np.float32), "rope.inv_freq"), c.rope_dims,
+                                 sections[1], sections[2])
             self.q_out = card.alloc(F32 * max_tokens * c.q_dim, "attn.q")
-            self.decode_splits = max(1, -(-3 * card.sm_count // c.n_head_kv))
+            self.decode_splits = decode_splits(card.sm_count, c.n_head_kv)
             part_rows = max(self.decode_splits, MAX_PREFILL_SPLITS * max_tokens) * c.n_head
-            self.part_m = card.alloc(F32 * part_rows, "attn.part_m")
-            self.part_l = card.alloc(F32 * part_rows, "attn.part_l")
-            self.part_o = card.alloc(F32 * part_rows * c.head_dim, "attn.part_o")
+            self.parts = alloc_partials(card, part_rows, 1, c.head_dim)
+            if kv != F16_FORMAT:
+                kernel_format(kv)  # refuses a pair without kernels before anything else is allocated
+                self.kv_tables = upload_kv_tables(card)
+                stage_bytes = F16 * c.n_head_kv * max_tokens * c.head_dim
+                self.stage_k = card.alloc(stage_bytes, "attn.stage_k")
+                self.stage_v = card.alloc(stage_bytes, "attn.stage_v")
+                self.q_rot = (card.alloc(F32 * max_tokens * c.n_head * domain_width(kv.k, c.head_dim), "attn.q_rot")
+                              if kv.k.rotated else None)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _matmul(self, w: Q8Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
@@ -195,40 +214,36 @@ class ForwardPass:
                          _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens)
         self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
 
-    def _attend(self, seq: DeviceSequence, cache: AttentionCache, w: AttentionWeights, qg: DeviceBuffer,
+    def _attend(self, seq: DeviceSequence, cache: KVLayerCache, w: AttentionWeights, qg: DeviceBuffer,
                 k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int) -> None:
         """Gated attention of one sequence's n tokens: prep (norms, RoPE, KV append), flash attention over
         its cache, merge with the sigmoid gate into Q8_1 rows `xo`."""
-        c, card = self.cfg, self.card
-        sections = c.rope_sections
-        card.kernel("attn_prep").launch(
-            n * (c.n_head + c.n_head_kv), c.head_dim,
-            qg, np.int32(2 * c.q_dim), k, np.int32(c.kv_dim), v, np.int32(c.kv_dim),
-            w.q_norm, w.k_norm, self.inv_freq, None, seq.step, self.q_out, cache.k, cache.v,
-            np.int32(c.n_head), np.int32(c.n_head_kv), np.int32(c.rope_dims), np.int32(sections[1]),
-            np.int32(sections[2]), np.int32(seq.capacity), np.float32(c.rms_eps),
-        )
-        group = c.n_head // c.n_head_kv
-        scale = np.float32(1.0 / np.sqrt(c.head_dim))
-        parts = (self.part_m, self.part_l, self.part_o)
-        if n == 1:
-            splits = self.decode_splits
-            card.kernel(f"attn_decode_d{c.head_dim}_g{group}").launch(
-                c.n_head_kv * splits, ATTN_DECODE_THREADS, self.q_out, cache.k, cache.v, seq.step, *parts,
-                np.int32(seq.capacity), np.int32(splits), scale,
-            )
+        c, card, dims = self.cfg, self.card, self.dims
+        quantised = self.kv != F16_FORMAT
+        k_dst, v_dst = (self.stage_k, self.stage_v) if quantised else (cache.k.codes, cache.v.codes)
+        attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, None,
+                  seq.step, self.q_out, k_dst, v_dst, n, seq.capacity, c.rms_eps,
+                  stage_rows=self.max_tokens if quantised else 0)
+        splits = self.decode_splits if n == 1 else prefill_splits(card.sm_count, n, dims, seq.next_position + n)
+        if not quantised:
+            if n == 1:
+                attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)
+            else:
+                attn_prefill_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, n, seq.capacity, splits)
         else:
-            q_tiles = -(-n * group // ATTN_PREFILL_ROWS)
-            kv_len = seq.next_position + n
-            splits = max(1, min(MAX_PREFILL_SPLITS, -(-2 * card.sm_count // (q_tiles * c.n_head_kv)), -(-kv_len // 256)))
-            card.kernel(f"attn_prefill_d{c.head_dim}").launch(
-                q_tiles * c.n_head_kv * splits, ATTN_PREFILL_THREADS, self.q_out, cache.k, cache.v, seq.step, *parts,
-                np.int32(n), np.int32(c.n_head), np.int32(c.n_head_kv), np.int32(seq.capacity), np.int32(splits), scale,
-            )
-        card.kernel("attn_merge_gate").launch(
-            n * c.n_head, c.head_dim, *parts, np.int32(splits), qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),
-            np.int32(2 * c.q_dim), np.int32(2 * c.head_dim), np.int32(c.n_head), None, xo.xq, xo.xd,
-        )
+            for side, staged in ((cache.k, self.stage_k), (cache.v, self.stage_v)):
+                kv_encode(card, side, staged, self.max_tokens, seq.step, n, c.n_head_kv, c.head_dim, seq.capacity,
+                          self.kv_tables)
+            q = self.q_out
+            if self.q_rot is not None:
+                rotate_q(card, self.q_out, self.q_rot, n * c.n_head, c.head_dim, self.kv_tables)
+                q = self.q_rot
+            if n == 1:
+                kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables)
+            else:
+                kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)
+        attn_merge_gate(card, dims, self.parts, n, splits, qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),
+                        2 * c.q_dim, 2 * c.head_dim, None, xo.xq, xo.xd)
 
 
 def _rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:

@@ -29,7 +29,7 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import ModelWeights, trunk_bytes, upload_weights
 from engine.errors import RigllmError
-from engine.generation.kv_formats import kv_format
+from engine.generation.kv_formats import KVFormat, kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
 from engine.generation.model_footprint import footprint_of
@@ -80,8 +80,9 @@ class _Stage:
         other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
         return CardProfile(self.card.name, total, other_used_bytes=other)
 
-    def load(self, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int, last: bool) -> None:
-        self.decoder = SlotDecoder(self.card, cfg, weights, context, slots, chunk)
+    def load(self, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int, last: bool,
+             kv: KVFormat) -> None:
+        self.decoder = SlotDecoder(self.card, cfg, weights, context, slots, chunk, kv)
         if not last:  # two bridge buffers: chunk c+1 is copied out while the next card still reads chunk c
             self.out = [self.card.pinned((chunk, cfg.d_model), np.float32, portable=True) for _ in range(2)]
 
@@ -126,7 +127,7 @@ class PipelineBackend:
     def __init__(self, loaded: LoadedModel | None, cards: Sequence[CardSpec], context: int | None = None,
                  slots: int = 1, chunk: int = DEFAULT_CHUNK, split: Sequence[int] | None = None,
                  progress: ProgressCallback | None = None, bridge: BridgeModel | None = None,
-                 config: ModelConfig | None = None, weights_for: WeightsFor | None = None):
+                 config: ModelConfig | None = None, weights_for: WeightsFor | None = None, kv: str = "f16"):
         """`split`: layers per card (default: the memory plan's split by free memory and per-layer cost).
         `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card)."""
         if not cards:
@@ -136,6 +137,7 @@ class PipelineBackend:
         self.config = cfg
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.slot_count, self.prefill_chunk, self.bridge = slots, chunk, bridge
+        self.kv = kv_format(kv)
         self.threads = [CardThread(f"rigllm-card{i}") for i in range(len(cards))]
         self.stages: list[_Stage] = []
         try:
@@ -143,7 +145,7 @@ class PipelineBackend:
             profiles = [t.call(st.profile) for t, st in zip(self.threads, self.stages)]
             if loaded is not None:
                 self.plan: MemoryPlan | None = plan(footprint_of(loaded), profiles, self.context * slots,
-                                                    kv_format("f16"), n_seqs=slots, prefill_chunk=chunk)
+                                                    self.kv, n_seqs=slots, prefill_chunk=chunk)
             else:
                 self.plan = None
             spans = (split_layers(cfg.n_layers, split) if split is not None else
@@ -169,7 +171,7 @@ class PipelineBackend:
         weights = (upload_weights(st.card, loaded.file, cfg, counter, span) if loaded is not None
                    else weights_for(st.card, span, counter))  # type: ignore[misc]
         counter.enter("allocating slots and warming up kernels")
-        st.load(cfg, weights, self.context, self.slot_count, self.prefill_chunk, last)
+        st.load(cfg, weights, self.context, self.slot_count, self.prefill_chunk, last, self.kv)
         counter.enter("ready")
 
     # ---- hops --------------------------------------------------------------------------------------

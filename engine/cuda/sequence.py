@@ -1,4 +1,5 @@
-"""One sequence's state on a card: the fp16 KV cache of every attention layer, the fp32 GDN state, and
+"""One sequence's state on a card: the KV cache of every attention layer (fp16 or a quantised format,
+engine.cuda.kv_cache), the fp32 GDN state, and
 the sequence's per-step values (`step`: position of the next token, tokens in the batch).
 
 Sizes are fixed at creation (capacity = the planned context), so nothing is allocated while a request
@@ -14,15 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer, code_row_bytes, side_blocks
+from engine.generation.kv_formats import KVFormat, kv_format
 from engine.gguf.config import ModelConfig
 
+F16_FORMAT = kv_format("f16")
+
 F32, F16 = 4, 2
-
-
-@dataclass
-class AttentionCache:
-    k: DeviceBuffer  # fp16 [Hkv][capacity][Dh]
-    v: DeviceBuffer
 
 
 @dataclass
@@ -35,19 +34,19 @@ class DeviceSequence:
     """KV caches and GDN states for one sequence, plus the next position (spec §6.9, §8)."""
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, capacity: int, label: str = "seq",
-                 step: DeviceBuffer | None = None, span: range | None = None):
+                 step: DeviceBuffer | None = None, span: range | None = None, kv: KVFormat = F16_FORMAT):
         """`step`: 8 bytes for [pos, n_tokens] (e.g. a view into a buffer shared by all slots, so one
         copy updates every slot's position before a batched step); allocated here when None.
-        `span`: the trunk layers this card runs (default all): only their caches and states live here."""
+        `span`: the trunk layers this card runs (default all): only their caches and states live here.
+        `kv`: the cache format (fp16 keeps today's [Hkv][capacity][Dh] fp16 planes)."""
         span = range(cfg.n_layers) if span is None else span
         self.card, self.cfg, self.capacity = card, cfg, capacity
         self.step = step if step is not None else card.alloc(8, f"{label}.step")
         self.next_position = 0
-        self.kv: dict[int, AttentionCache] = {}
-        self.gdn: dict[int, GdnState] = {}
-        kv_bytes = cfg.n_head_kv * capacity * cfg.head_dim * F16
+        self.kv_format = kv
+        self.kv: dict[int, KVLayerCache] = {}
         for i in (i for i in cfg.attention_layers if i in span):
-            self.kv[i] = AttentionCache(card.alloc(kv_bytes, f"{label}.kv{i}.k"), card.alloc(kv_bytes, f"{label}.kv{i}.v"))
+            self.kv[i] = alloc_kv_layer(card, kv, cfg.n_head_kv, cfg.head_dim, capacity, f"{label}.kv{i}")
         conv_bytes = (cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim * F32
         rec_bytes = cfg.ssm_n_v_heads * cfg.ssm_d_state * cfg.ssm_d_head_v * F32
         for i in (i for i in cfg.gdn_layers if i in span):
@@ -57,7 +56,7 @@ class DeviceSequence:
     def buffers(self) -> list[DeviceBuffer]:
         out: list[DeviceBuffer] = []
         for c in self.kv.values():
-            out += [c.k, c.v]
+            out += c.buffers()
         for s in self.gdn.values():
             out += [s.conv, s.recurrent]
         return out
@@ -81,37 +80,47 @@ class DeviceSequence:
         self.step.upload(np.array([self.next_position, n_tokens], dtype=np.int32))
 
     def snapshot(self) -> tuple[int, list[np.ndarray]]:
-        """(position, host copies): the used rows [Hkv][pos][Dh] of every K and V cache, then the GDN states."""
+        """(position, host copies): the used rows [Hkv][pos][row bytes] of every KV plane (codes and scales, in
+        the stored format), then the GDN states."""
         pos, parts = self.next_position, []
-        for c in self.kv.values():
-            for buf in (c.k, c.v):
-                parts.append(np.stack([self._kv_rows(buf, h, pos).download(np.float16, (pos, self.cfg.head_dim))
-                                       for h in range(self.cfg.n_head_kv)]) if pos else
-                             np.zeros((self.cfg.n_head_kv, 0, self.cfg.head_dim), np.float16))
+        for plane, row_bytes in self._kv_planes():
+            parts.append(np.stack([self._rows(plane, h, pos, row_bytes).download(np.uint8, pos * row_bytes)
+                                   for h in range(self.cfg.n_head_kv)]) if pos else
+                         np.zeros((self.cfg.n_head_kv, 0), np.uint8))
         for st in self.gdn.values():
             parts += [st.conv.download(np.float32, st.conv.nbytes // F32), st.recurrent.download(np.float32, st.recurrent.nbytes // F32)]
         return pos, parts
 
     def restore(self, snapshot: tuple[int, list[np.ndarray]]) -> None:
-        """Return to a `snapshot` of a sequence of the same model (its KV rows beyond the position stay stale
-        but unread: attention reads rows below the position only)."""
+        """Return to a `snapshot` of a sequence of the same model and KV format (its KV rows beyond the position
+        stay stale but unread: attention reads rows below the position only)."""
         pos, parts = snapshot
         if pos > self.capacity:
             raise ValueError(f"a snapshot at position {pos} does not fit a sequence of capacity {self.capacity}")
         it = iter(parts)
-        for c in self.kv.values():
-            for buf in (c.k, c.v):
-                rows = next(it)
-                for h in range(self.cfg.n_head_kv):
-                    if pos:
-                        self._kv_rows(buf, h, pos).upload(np.ascontiguousarray(rows[h]))
+        for plane, row_bytes in self._kv_planes():
+            rows = next(it)
+            if rows.shape[1] != pos * row_bytes:
+                raise ValueError("the snapshot was taken with another KV format")
+            for h in range(self.cfg.n_head_kv):
+                if pos:
+                    self._rows(plane, h, pos, row_bytes).upload(np.ascontiguousarray(rows[h]))
         for st in self.gdn.values():
             st.conv.upload(next(it))
             st.recurrent.upload(next(it))
         self.next_position = pos
 
-    def _kv_rows(self, buf: DeviceBuffer, head: int, rows: int) -> DeviceBuffer:
-        row_bytes = self.cfg.head_dim * F16
+    def _kv_planes(self) -> list[tuple[DeviceBuffer, int]]:
+        """Every KV plane with its bytes per (head, position) row."""
+        planes = []
+        for cache in self.kv.values():
+            for side in (cache.k, cache.v):
+                planes.append((side.codes, code_row_bytes(side.codec, self.cfg.head_dim)))
+                if side.side is not None:
+                    planes.append((side.side, F16 * side_blocks(side.codec, self.cfg.head_dim)))
+        return planes
+
+    def _rows(self, buf: DeviceBuffer, head: int, rows: int, row_bytes: int) -> DeviceBuffer:
         return buf.view(head * self.capacity * row_bytes, rows * row_bytes)
 
     def download_gdn_state(self, layer: int) -> tuple[np.ndarray, np.ndarray]:

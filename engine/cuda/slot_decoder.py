@@ -24,10 +24,11 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.sampling import GpuSampler
-from engine.cuda.sequence import DeviceSequence
+from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.weights import ModelWeights
 from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
+from engine.generation.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
@@ -58,16 +59,17 @@ class SlotDecoder:
 
     can_snapshot = True
 
-    def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int):
+    def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
+                 kv: KVFormat = F16_FORMAT):
         if not 1 <= slots <= MAX_SLOTS:
             raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
         self.card, self.config, self.context = card, cfg, context
         self.slot_count, self.prefill_chunk = slots, chunk
-        self.fwd = ForwardPass(card, cfg, weights, chunk)
+        self.fwd = ForwardPass(card, cfg, weights, chunk, kv)
         self.steps = card.alloc(8 * slots, "slot steps")  # [slot][pos, n_tokens]
         self._host_steps = card.pinned(2 * slots, np.int32)
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)
-        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8), weights.span)
+        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8), weights.span, kv)
                      for i in range(slots)]
         self.samplers: list[GpuSampler] = []
         if self.fwd.heads:

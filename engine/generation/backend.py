@@ -13,6 +13,7 @@ import numpy as np
 
 from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
+from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.gguf.loader import LoadedModel
 from engine.gguf.model_file import ModelFile
@@ -56,8 +57,11 @@ class ReferenceBackend:
 
     name = "reference"
 
-    def __init__(self, loaded: LoadedModel, progress: ProgressCallback | None = None):
+    def __init__(self, loaded: LoadedModel, progress: ProgressCallback | None = None, kv: str = "f16"):
+        """`kv`: the KV cache format the reference stores (f16 keeps exact fp32 rows)."""
         from engine.reference.model import ReferenceModel
+
+        self.kv = kv_format(kv)
 
         total = sum(t.n_bytes for t in loaded.file.tensors.values())
         counter = ProgressCounter(progress, 0, total, "reading weights")
@@ -67,7 +71,9 @@ class ReferenceBackend:
         counter.enter("ready")
 
     def new_sequence(self) -> Any:
-        return self.model.new_state()
+        from engine.reference.state import SequenceState
+
+        return SequenceState(self.config, kv_format=self.kv)
 
     def forward_last(self, token_ids: Sequence[int], sequence: Any) -> np.ndarray:
         hidden = self.model.forward_hidden(token_ids, sequence)
@@ -79,7 +85,7 @@ class ReferenceBackend:
 
 def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
                  progress: ProgressCallback | None = None, slots: int = 1, cards: Sequence[Any] | None = None,
-                 split: Sequence[int] | None = None) -> Backend:
+                 split: Sequence[int] | None = None, kv: str = "f16") -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
@@ -87,14 +93,14 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     had allocated before the exception propagates. `slots`: sequences decoded together (the CUDA
     backend allocates a KV cache and GDN state for each; the reference makes them on demand).
     `cards`: `engine.cuda.pipeline.CardSpec`s to spread the layers over (default: GPU 0 alone); `split`:
-    layers per card (default: the memory plan's split).
+    layers per card (default: the memory plan's split). `kv`: the KV cache format (f16, k8v3, ...).
     """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
 
         name = "reference" if gpu_unavailable_reason() else "cuda"
     if name == "reference":
-        return ReferenceBackend(loaded, progress)
+        return ReferenceBackend(loaded, progress, kv)
     if name == "cuda":
         from engine.cuda.backend import CudaBackend
         from engine.cuda.driver import gpu_unavailable_reason
@@ -105,8 +111,8 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         if cards is not None and (len(cards) > 1 or split is not None):
             from engine.cuda.pipeline import PipelineBackend
 
-            return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress)
+            return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv)
         spec = cards[0] if cards else None
-        return CudaBackend(loaded, context=context, slots=slots, progress=progress,
+        return CudaBackend(loaded, context=context, slots=slots, progress=progress, kv=kv,
                            card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.cuda.attention_kernels import (
+    AttnDims, Partials, RopeArgs, attn_decode_f16, attn_merge_gate, attn_prefill_f16, attn_prep,
+)
+
 from engine.cuda.q8_layout import quantize_q8_1
 from engine.gguf.config import ModelConfig
 from engine.reference.norms import rmsnorm
@@ -19,10 +23,6 @@ from engine.reference.rope import Rope
 from tests.gpu.gpu_fixtures import assert_equal, assert_within
 
 F32 = 4
-# Launch geometry mirrored from cuda_src/attention.cu and norm_rope.cu.
-DECODE_THREADS = 128  # 32 * DECODE_WARPS
-PREFILL_THREADS = 256  # PF_THREADS
-PREFILL_ROWS = 64  # PF_BQ: query rows (token, head of the group) per prefill block
 SPARE_COLUMNS = 5  # extra floats per stacked projection row, so row strides are no natural width
 F16_NAN = np.float16(np.nan)
 
@@ -207,16 +207,11 @@ class DeviceAttention:
         q_col, k_col, v_col = 0, 2 * s.q_width, 2 * s.q_width + s.kv_width
         q_out = card.alloc(n_tok * s.q_width * F32, "test q")
         pos_dev = None if positions is None else card.upload(positions.astype(np.int32), "test positions")
-        card.kernel("attn_prep").launch(
-            n_tok * (s.n_head + s.n_head_kv), s.head_dim,
-            self._column(stacked, q_col), np.int32(proj.stride),
-            self._column(stacked, k_col), np.int32(proj.stride),
-            self._column(stacked, v_col), np.int32(proj.stride),
-            self.q_norm_dev, self.k_norm_dev, self.inv_freq_dev, pos_dev, self.step, q_out,
-            self.k_cache, self.v_cache,
-            np.int32(s.n_head), np.int32(s.n_head_kv), np.int32(s.rope_dims), np.int32(s.sections[1]),
-            np.int32(s.sections[2]), np.int32(self.capacity), np.float32(s.eps),
-        )
+        attn_prep(card, AttnDims(s.n_head, s.n_head_kv, s.head_dim),
+                  self._column(stacked, q_col), proj.stride, self._column(stacked, k_col), proj.stride,
+                  self._column(stacked, v_col), proj.stride, self.q_norm_dev, self.k_norm_dev,
+                  RopeArgs(self.inv_freq_dev, s.rope_dims, s.sections[1], s.sections[2]), pos_dev, self.step, q_out,
+                  self.k_cache, self.v_cache, n_tok, self.capacity, s.eps)
         return stacked, q_out
 
     @staticmethod
@@ -230,21 +225,17 @@ class DeviceAttention:
         return (card.alloc(rows * F32, "test part_m"), card.alloc(rows * F32, "test part_l"),
                 card.alloc(rows * s.head_dim * F32, "test part_o"))
 
+    @property
+    def dims(self) -> AttnDims:
+        return AttnDims(self.shape.n_head, self.shape.n_head_kv, self.shape.head_dim)
+
     def decode(self, q_out, parts, n_splits: int) -> None:
-        s = self.shape
-        self.card.kernel(f"attn_decode_d{s.head_dim}_g{s.group}").launch(
-            s.n_head_kv * n_splits, DECODE_THREADS, q_out, self.k_cache, self.v_cache, self.step, *parts,
-            np.int32(self.capacity), np.int32(n_splits), s.scale,
-        )
+        attn_decode_f16(self.card, self.dims, q_out, self.k_cache, self.v_cache, self.step, Partials(*parts),
+                        self.capacity, n_splits)
 
     def prefill(self, q_out, parts, n_tok: int, n_splits: int) -> None:
-        s = self.shape
-        q_tiles = -(-n_tok * s.group // PREFILL_ROWS)
-        self.card.kernel(f"attn_prefill_d{s.head_dim}").launch(
-            q_tiles * s.n_head_kv * n_splits, PREFILL_THREADS, q_out, self.k_cache, self.v_cache, self.step,
-            *parts, np.int32(n_tok), np.int32(s.n_head), np.int32(s.n_head_kv), np.int32(self.capacity),
-            np.int32(n_splits), s.scale,
-        )
+        attn_prefill_f16(self.card, self.dims, q_out, self.k_cache, self.v_cache, self.step, Partials(*parts), n_tok,
+                         self.capacity, n_splits)
 
     def merge(self, parts, n_tok: int, n_splits: int, stacked, stride: int, quantize: bool):
         """attn_merge_gate with the gate read straight from the q GEMV output; returns y (and yq, yd)."""
@@ -252,10 +243,8 @@ class DeviceAttention:
         y = card.alloc(n_tok * s.q_width * F32, "test y")
         yq = card.alloc(n_tok * s.q_width, "test yq") if quantize else None
         yd = card.alloc(n_tok * s.q_width // 32 * F32, "test yd") if quantize else None
-        card.kernel("attn_merge_gate").launch(
-            n_tok * s.n_head, s.head_dim, *parts, np.int32(n_splits), self._column(stacked, s.head_dim),
-            np.int32(stride), np.int32(2 * s.head_dim), np.int32(s.n_head), y, yq, yd,
-        )
+        attn_merge_gate(card, self.dims, Partials(*parts), n_tok, n_splits, self._column(stacked, s.head_dim), stride,
+                        2 * s.head_dim, y, yq, yd)
         out = y.download(np.float32, (n_tok, s.q_width))
         if not quantize:
             return out, None, None

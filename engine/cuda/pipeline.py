@@ -71,9 +71,9 @@ def split_layers(n_layers: int, counts: Sequence[int]) -> list[range]:
 class _Stage:
     """One card's share of the model; built and used only on its own thread."""
 
-    def __init__(self, index: int, spec: CardSpec):
+    def __init__(self, index: int, spec: CardSpec, card_factory: Callable[..., CudaCard] = CudaCard):
         self.index = index
-        self.card = CudaCard(spec.device, capacity_bytes=spec.capacity_bytes, name=f"card {index} (cuda:{spec.device})")
+        self.card = card_factory(spec.device, capacity_bytes=spec.capacity_bytes, name=f"card {index} (cuda:{spec.device})")
 
     def profile(self) -> CardProfile:
         total = self.card.capacity_bytes or self.card.total_bytes
@@ -127,9 +127,11 @@ class PipelineBackend:
     def __init__(self, loaded: LoadedModel | None, cards: Sequence[CardSpec], context: int | None = None,
                  slots: int = 1, chunk: int = DEFAULT_CHUNK, split: Sequence[int] | None = None,
                  progress: ProgressCallback | None = None, bridge: BridgeModel | None = None,
-                 config: ModelConfig | None = None, weights_for: WeightsFor | None = None, kv: str = "f16"):
+                 config: ModelConfig | None = None, weights_for: WeightsFor | None = None, kv: str = "f16",
+                 card_factory: Callable[..., CudaCard] = CudaCard):
         """`split`: layers per card (default: the memory plan's split by free memory and per-layer cost).
-        `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card)."""
+        `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card);
+        `card_factory` makes each card's context (tests on machines without a GPU pass a stand-in)."""
         if not cards:
             raise RigllmError("a pipeline needs at least one card")
         cfg = loaded.config if loaded is not None else config
@@ -141,7 +143,7 @@ class PipelineBackend:
         self.threads = [CardThread(f"rigllm-card{i}") for i in range(len(cards))]
         self.stages: list[_Stage] = []
         try:
-            self.stages = [t.call(_Stage, i, spec) for i, (t, spec) in enumerate(zip(self.threads, cards))]
+            self.stages = [t.call(_Stage, i, spec, card_factory) for i, (t, spec) in enumerate(zip(self.threads, cards))]
             profiles = [t.call(st.profile) for t, st in zip(self.threads, self.stages)]
             if loaded is not None:
                 self.plan: MemoryPlan | None = plan(footprint_of(loaded), profiles, self.context * slots,

@@ -47,6 +47,7 @@ class DeviceSequence:
         self.kv: dict[int, KVLayerCache] = {}
         for i in (i for i in cfg.attention_layers if i in span):
             self.kv[i] = alloc_kv_layer(card, kv, cfg.n_head_kv, cfg.head_dim, capacity, f"{label}.kv{i}")
+        self.gdn: dict[int, GdnState] = {}
         conv_bytes = (cfg.ssm_conv_kernel - 1) * cfg.ssm_conv_dim * F32
         rec_bytes = cfg.ssm_n_v_heads * cfg.ssm_d_state * cfg.ssm_d_head_v * F32
         for i in (i for i in cfg.gdn_layers if i in span):

@@ -3,9 +3,16 @@
 The parser is fed text deltas as tokens are decoded and returns events at once; it holds back only
 text that could still turn out to be markup: the tail that might be the start of `</think>`,
 `<tool_call>` or `<function=`, plus trailing whitespace (reasoning loses its surrounding newlines,
-content its trailing whitespace and the blank line before a call). A tool-call block is buffered until
-it closes and then becomes one complete call. Splitting the same text differently only changes how
-deltas are cut, never the merged result; `parse_output` is the same machinery fed once.
+content its trailing whitespace and the blank line before a call). Splitting the same text differently
+only changes how deltas are cut, never the merged result; `parse_output` is the same machinery fed once.
+
+Tool calls: every call ends in one complete `ToolCall` event (what `collect()`-style consumers and the
+desktop app use). With `stream_calls=True` a call also streams as OpenAI streams it: `ToolCallStart`
+(index, id, name) as soon as the call is certain, then `ToolCallArguments` fragments of the argument
+JSON as each `<parameter=…>` element ends (`{"city": "Paris"`, `, "days": 3`, `}`), then the
+`ToolCall`. An XML call is certain once `<function=NAME>` is followed by `<parameter=` or `</function>`
+(engine.generation.tool_call_stream); a JSON-fallback block, or one whose head is not certain, is
+buffered until `</tool_call>` and then streams all at once, as before.
 
 Rules:
 * Thinking on: the prompt already ends with `<think>\\n`, so everything up to the first `</think>` is
@@ -15,8 +22,15 @@ Rules:
   blocks (XML or the JSON fallback) and bare `<function=…>…</function>` elements (pitfall 17; a
   `</tool_call>` right after one is dropped) become OpenAI `tool_calls`, argument values converted
   by the request's tool schemas. Without tools the markup stays content: the client asked for no calls.
-* A block that is malformed (bad JSON, no name, stray text) or never closed is shown verbatim as
-  content; a block the reply ends inside is still accepted when its body is complete. Nothing raises.
+* A block that is malformed before its call is certain (bad JSON, no name, stray text after the head)
+  or never closed is shown verbatim as content; a block the reply ends inside is still accepted when
+  its body is complete. Nothing raises.
+* A call that is certain is committed, because its head may already be on the wire and OpenAI clients
+  cannot take a delta back: if its markup then breaks (stray text where a tag belongs), the call is
+  closed with the parameters that had ended and the text from the break on is shown as content; if
+  the reply ends inside it, the parameter being written is taken as it stands (as a missing
+  `</parameter>` is tolerated), a tag cut off by the end is dropped, and the call is closed. The result
+  is the same whether or not `stream_calls` is on, and however the text was cut.
 """
 
 from __future__ import annotations
@@ -27,6 +41,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.generation.tool_call_stream import (
+    PARAMETER_OPEN,
+    WAIT,
+    Head,
+    OpenCall,
+    Parameter,
+    read_head,
+    read_parameter,
+)
 from engine.generation.tool_call_syntax import (
     FUNCTION_CLOSE,
     FUNCTION_OPEN,
@@ -64,7 +87,24 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-ParseEvent = ReasoningDelta | ContentDelta | ToolCall
+@dataclass(frozen=True)
+class ToolCallStart:
+    """A call's head, streamed before its arguments (only with `stream_calls`); its `ToolCall` follows."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArguments:
+    """A fragment of call `index`'s argument JSON (only with `stream_calls`); the fragments join to valid JSON."""
+
+    index: int
+    text: str
+
+
+ParseEvent = ReasoningDelta | ContentDelta | ToolCall | ToolCallStart | ToolCallArguments
 
 
 @dataclass(frozen=True)
@@ -106,10 +146,13 @@ class OutputParser:
     """Incremental parser for one reply: `feed` each decoded delta, then `finish` once."""
 
     def __init__(self, *, thinking: bool, tools: Sequence[Mapping[str, Any]] | None = None,
-                 call_id: Callable[[], str] = new_call_id) -> None:
+                 call_id: Callable[[], str] = new_call_id, stream_calls: bool = False) -> None:
+        """`stream_calls`: also emit `ToolCallStart` and `ToolCallArguments` (for OpenAI streaming)."""
         self._tools = list(tools) if tools else None
         self._call_tags = (CALL_OPEN, FUNCTION_OPEN) if self._tools else ()
         self._call_id = call_id
+        self._stream_calls = stream_calls
+        self._call: OpenCall | None = None
         self._state = "reasoning_start" if thinking else "content_start"
         self._buf = ""
         self._events: list[ParseEvent] = []
@@ -144,6 +187,8 @@ class OutputParser:
             "block": self._block,
             "bare": self._bare,
             "after_bare": self._after_bare,
+            "call": self._in_call,
+            "after_function": self._after_function,
         }
         while handlers[self._state](final):
             pass
@@ -196,6 +241,9 @@ class OutputParser:
 
     def _block(self, final: bool) -> bool:
         body_start = self._buf.find(CALL_OPEN) + len(CALL_OPEN)
+        opened = self._open_call(body_start, in_block=True, final=final)
+        if opened is not None:
+            return opened
         end = self._buf.find(CALL_CLOSE, body_start)
         if end < 0 and not final:
             return False
@@ -207,6 +255,9 @@ class OutputParser:
         return True
 
     def _bare(self, final: bool) -> bool:
+        opened = self._open_call(0, in_block=False, final=final)
+        if opened is not None:
+            return opened
         end = self._buf.find(FUNCTION_CLOSE)
         if end < 0 and not final:
             return False
@@ -232,9 +283,91 @@ class OutputParser:
             return False
         for call in calls:
             arguments = json.dumps(call.arguments, ensure_ascii=False)
-            self._events.append(ToolCall(self.tool_call_count, self._call_id(), call.name, arguments))
+            index, call_id = self.tool_call_count, self._call_id()
+            if self._stream_calls:
+                self._events += [ToolCallStart(index, call_id, call.name), ToolCallArguments(index, arguments)]
+            self._events.append(ToolCall(index, call_id, call.name, arguments))
             self.tool_call_count += 1
         return True
+
+    # A call read piece by piece (engine.generation.tool_call_stream): "call" holds the buffer from
+    # just after its head or its last parameter; "after_function" follows its `</function>` in a block.
+
+    def _open_call(self, start: int, in_block: bool, final: bool) -> bool | None:
+        """Commit to the XML call starting after whitespace at `start`, if its head is certain.
+
+        True: committed (state "call"); False: wait for more text; None: not streamable here, so the
+        caller handles the text as a whole block.
+        """
+        rest = self._buf[start:]
+        at = start + len(rest) - len(rest.lstrip())
+        text = self._buf[at:]
+        if not text.startswith(FUNCTION_OPEN):
+            return False if not final and FUNCTION_OPEN.startswith(text) and text else None
+        head = read_head(text, final)
+        if head == WAIT:
+            return False
+        if not isinstance(head, Head):
+            return None
+        self._call = OpenCall(self.tool_call_count, self._call_id(), head.name, in_block, self._tools)
+        self.tool_call_count += 1
+        if self._stream_calls:
+            self._events.append(ToolCallStart(self._call.index, self._call.id, head.name))
+        self._buf = text[head.end:]
+        self._state = "call"
+        return True
+
+    def _in_call(self, final: bool) -> bool:
+        call = self._call
+        assert call is not None
+        text = self._buf.lstrip()
+        if text.startswith(FUNCTION_CLOSE):
+            self._buf = text[len(FUNCTION_CLOSE):]
+            self._end_call("after_function" if call.in_block else "after_bare")
+            return True
+        if text.startswith(PARAMETER_OPEN):
+            parameter = read_parameter(text, final)
+            if parameter == WAIT:
+                return False
+            if isinstance(parameter, Parameter):
+                self._arguments(call.add(parameter))
+                self._buf = text[parameter.end:]
+                return True
+        elif not text or _partial_tag_length(text, (FUNCTION_CLOSE, PARAMETER_OPEN)) == len(text):
+            if not final:
+                return False
+            self._buf = ""  # the reply ended between parameters, perhaps inside a tag: nothing of it to show
+        self._end_call("content")  # broken markup or the end: keep what had ended; the rest is content
+        return True
+
+    def _after_function(self, final: bool) -> bool:
+        """After a call's `</function>` inside `<tool_call>`: another call, the block's end, or stray text."""
+        text = self._buf.lstrip()
+        if text.startswith(CALL_CLOSE):
+            self._buf = text[len(CALL_CLOSE):]
+            self._state = "content"
+            return True
+        if text.startswith(FUNCTION_OPEN):
+            opened = self._open_call(0, in_block=True, final=final)
+            if opened is not None:
+                return opened
+        elif not final and (not text or _partial_tag_length(text, (CALL_CLOSE, FUNCTION_OPEN)) == len(text)):
+            return False
+        self._state = "content"  # stray text, an uncertain call or the reply's end: shown as content
+        return True
+
+    def _arguments(self, text: str) -> None:
+        if self._stream_calls:
+            assert self._call is not None
+            self._events.append(ToolCallArguments(self._call.index, text))
+
+    def _end_call(self, next_state: str) -> None:
+        call = self._call
+        assert call is not None
+        self._arguments(call.close())
+        self._events.append(ToolCall(call.index, call.id, call.name, json.dumps(call.arguments, ensure_ascii=False)))
+        self._call = None
+        self._state = next_state
 
     def _release(self, kind: type[ReasoningDelta] | type[ContentDelta], keep: int, strip: str | None,
                  final: bool) -> None:

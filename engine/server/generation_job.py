@@ -23,6 +23,7 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.tokenizer import Tokenizer
 from engine.server.host_pick import HostPicker
 from engine.server.stop_strings import StopMatcher
+from engine.vision.multimodal_prompt import MultimodalPrompt
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Finished:
     cached_tokens: int = 0  # prompt tokens restored from a kept state instead of prefilled
     prefill_seconds: float = 0.0  # from the job's start on a slot to its first token
     decode_seconds: float = 0.0  # from the first token to the last
+    image_tokens: int = 0  # prompt tokens that were image embeddings (included in prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,10 @@ class Job:
     `turn_start`: how many prompt tokens precede the last turn (the chat's generation header). The
     state there is kept, so the next request of the same conversation, whose prompt extends it,
     prefills only what follows.
+
+    `multimodal`: set when the prompt holds images; `prompt_ids` are then its ids (pads expanded) and
+    the slot backend prefills them with the image rows and M-RoPE positions. Such a job neither reuses
+    a kept state nor leaves one: states are keyed by token ids, and every image's pads have the same ids.
     """
 
     prompt_ids: list[int]
@@ -84,6 +90,7 @@ class Job:
     reply_prefix: str = ""  # the reply's forced start, part of the prompt: parsed as output, not counted
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token (0-20)
     constraint: JsonConstraint | None = None  # JSON mode's automaton; the job's tokens are then picked on the host
+    multimodal: MultimodalPrompt | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def post(self, item: Event) -> None:
@@ -115,7 +122,7 @@ class JobOutput:
         self._tokenizer = tokenizer
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopMatcher(job.stop)
-        self._parser = OutputParser(thinking=job.thinking, tools=job.tools)
+        self._parser = OutputParser(thinking=job.thinking, tools=job.tools, stream_calls=True)
         self._reasoning_open = job.thinking
         self._raw = ""
         self.generated = 0
@@ -165,8 +172,9 @@ class JobOutput:
         self._passed += len(tail)
         self._emit(self._parser.feed(tail) + self._parser.finish(), self._release(final=True))
         reason = self._parser.finish_reason or ("stop" if self._stops.hit else stop_reason)
+        images = self.job.multimodal
         done = Finished(reason, prompt_tokens, self.generated, self.reasoning_tokens, cached_tokens,
-                        prefill_seconds, decode_seconds)
+                        prefill_seconds, decode_seconds, len(images.embedding_rows) if images is not None else 0)
         self.job.post(done)
         return done
 

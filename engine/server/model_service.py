@@ -7,8 +7,9 @@ no generation time and always gets a 400 (or 404) instead of failing mid-stream.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.errors import RigllmError
@@ -22,6 +23,7 @@ from engine.gguf.loader import LoadedModel
 from engine.server.api_errors import APIError
 from engine.server.generation_job import Event, Job
 from engine.server.logprob_format import requested_top_logprobs
+from engine.server.multimodal_chat import PreparedChat, Vision, open_vision, with_images
 from engine.server.response_format import json_constraint_for
 from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
@@ -33,19 +35,39 @@ class ModelService:
     template: ChatTemplate
     context_length: int
     created: int = field(default_factory=lambda: int(time.time()))
+    vision: Vision = field(default_factory=lambda: Vision(None))
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel) -> ModelService:
-        """The model id clients send is the file name without `.gguf`."""
-        return cls(model_id=loaded.path.stem, tokenizer=Tokenizer.from_model_file(loaded.file),
-                   template=ChatTemplate.for_model(loaded.file.fields), context_length=loaded.config.context_length)
+    def from_loaded(cls, loaded: LoadedModel, mmproj: str | Path | None = None) -> ModelService:
+        """The model id clients send is the file name without `.gguf`; images use `mmproj`, else the
+        mmproj found beside the model (engine.gguf.mmproj_pairing), else they are refused."""
+        tokenizer = Tokenizer.from_model_file(loaded.file)
+        return cls(model_id=loaded.path.stem, tokenizer=tokenizer, template=ChatTemplate.for_model(loaded.file.fields),
+                   context_length=loaded.config.context_length, vision=open_vision(loaded, tokenizer, mmproj))
+
+    def prepare_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                     enable_thinking: bool | None = None, reply_prefix: str = "",
+                     backend_takes_images: bool = True) -> PreparedChat:
+        """Render, tokenize and (when the messages hold image parts) encode their images; raises RigllmError.
+
+        Image parts are OpenAI's `{"type": "image_url", "image_url": {"url": "data:..."}}` or the app's
+        `{"type": "image", "image": <PIL image>}`. The tower runs on the calling thread. Build the job
+        from `.token_ids` and put `.multimodal` on it. Pass `GenerationWorker.supports_images` as
+        `backend_takes_images`, so images the backend cannot run are refused before the tower runs.
+        """
+        chat = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools, enable_thinking=enable_thinking,
+                                 context_length=self.context_length, reply_prefix=reply_prefix)
+        return with_images(chat, messages, self.vision, self.tokenizer, self.context_length, backend_takes_images)
 
     def check_model(self, requested: str | None) -> None:
         if requested and requested != self.model_id:
             raise APIError(404, f"The model '{requested}' does not exist; this server serves '{self.model_id}'",
                            param="model", code="model_not_found")
 
-    def chat_job(self, req: ChatCompletionRequest, sink: Callable[[Event], None]) -> Job:
+    def chat_job(self, req: ChatCompletionRequest, sink: Callable[[Event], None],
+                 backend_takes_images: bool = True) -> Job:
+        """The request as a job; `backend_takes_images`: `GenerationWorker.supports_images` (when False,
+        images are refused before the tower runs; `GenerationWorker.submit` refuses them in any case)."""
         self.check_model(req.model)
         constraint = json_constraint_for(req.response_format, self.tokenizer)
         if constraint is not None and req.tool_choice not in (None, "auto", "none"):
@@ -59,17 +81,18 @@ class ModelService:
                            param="chat_template_kwargs")
         messages = [template_message(i, m) for i, m in enumerate(req.messages)]
         try:
-            prompt = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools,
-                                       enable_thinking=enable_thinking, context_length=self.context_length,
-                                       reply_prefix=forced)
+            prepared = self.prepare_chat(messages, tools=tools, enable_thinking=enable_thinking, reply_prefix=forced,
+                                         backend_takes_images=backend_takes_images)
         except RigllmError as err:
             code = "context_length_exceeded" if "context holds" in str(err) else None
             raise APIError(400, str(err), param="messages", code=code) from None
         limit = req.max_completion_tokens or req.max_tokens
-        job = self._job(req, prompt.token_ids, limit, prompt.thinking, tools, sink)
-        job.turn_start = self.turn_start(prompt.token_ids)
+        prompt = prepared.chat
+        job = self._job(req, prepared.token_ids, limit, prompt.thinking, tools, sink)
+        job.turn_start = self.turn_start(prepared.token_ids)
         job.constraint = constraint
         job.reply_prefix = prompt.reply_prefix
+        job.multimodal = prepared.multimodal
         return job
 
     def completion_job(self, req: CompletionRequest, sink: Callable[[Event], None]) -> Job:
@@ -140,16 +163,18 @@ class ModelService:
 
 
 def template_message(index: int, message: ChatMessage) -> dict[str, Any]:
-    """A message as the chat template wants it: text parts joined, no None fields."""
+    """A message as the chat template wants it: no None fields; text parts joined, unless the message
+    holds images, whose parts then stay in place (the template writes each image's marker where it is)."""
     msg = message.model_dump(exclude_none=True)
     if isinstance(message.content, list):
-        texts = []
         for part in message.content:
-            if part.type != "text" or part.text is None:
-                raise APIError(400, f"messages[{index}]: content part type '{part.type}' is not supported yet "
-                               "(only text)", param=f"messages.{index}.content")
-            texts.append(part.text)
-        msg["content"] = "".join(texts)
+            kind_ok = (part.type == "text" and part.text is not None) or (part.type == "image_url" and part.image_url)
+            if not kind_ok:
+                raise APIError(400, f"messages[{index}]: content part type '{part.type}' is not supported (text and "
+                               "image_url parts are; an image_url part needs its image_url)",
+                               param=f"messages.{index}.content")
+        if all(part.type == "text" for part in message.content):
+            msg["content"] = "".join(part.text or "" for part in message.content)
     elif message.content is None:
         msg["content"] = ""
     return msg

@@ -1,8 +1,10 @@
 """Turn a job's events into OpenAI chat/text completion objects, streamed (SSE chunks) or whole.
 
 Tool calls stream as OpenAI does: a first delta with index, id, type and the function name (arguments
-""), then the arguments; the finish chunk carries "tool_calls". With `stream_options.include_usage`
-a last chunk with empty `choices` carries the usage.
+""), then the argument JSON in pieces, one per parameter as the model finishes it (the parser's
+`ToolCallStart` / `ToolCallArguments`); the finish chunk carries "tool_calls". Whole responses use the
+complete `ToolCall`s. With `stream_options.include_usage` a last chunk with empty `choices` carries
+the usage.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
+from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall, ToolCallArguments, ToolCallStart
 from engine.server.api_errors import error_body
 from engine.server.generation_job import AsyncSink, Failed, Finished, Job, Piece
 from engine.server.logprob_format import logprobs_payload
@@ -25,7 +27,7 @@ def usage(done: Finished) -> dict[str, Any]:
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
         "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
-        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens, "image_tokens": done.image_tokens},
     }
 
 
@@ -64,12 +66,13 @@ def _delta_events(events: list) -> list[dict[str, Any]]:
             deltas.append({"reasoning_content": event.text})
         elif isinstance(event, ContentDelta):
             deltas.append({"content": event.text})
-        elif isinstance(event, ToolCall):
+        elif isinstance(event, ToolCallStart):
             head = {"index": event.index, "id": event.id, "type": "function",
                     "function": {"name": event.name, "arguments": ""}}
             deltas.append({"tool_calls": [head]})
-            deltas.append({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})
-    return deltas
+        elif isinstance(event, ToolCallArguments):
+            deltas.append({"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]})
+    return deltas  # a complete ToolCall adds nothing: its head and arguments have streamed
 
 
 def _sse(data: dict[str, Any] | str) -> str:
@@ -114,7 +117,7 @@ async def collect(job: Job, sink: AsyncSink, shape: CompletionShape) -> dict[str
                     reasoning.append(e.text)
                 elif isinstance(e, ContentDelta):
                     content.append(e.text)
-                else:
+                elif isinstance(e, ToolCall):
                     calls.append(e.as_openai())
             continue
         if shape.chat:

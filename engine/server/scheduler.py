@@ -8,6 +8,11 @@ by its whole prefill, and a request that arrives mid-generation joins the runnin
 
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
 nothing leaks between requests; a cancelled job leaves its slot at the next turn.
+
+A job with images (`Job.multimodal`) is prefilled through the backend's `prefill_embedded`, chunk by
+chunk (`MultimodalPrompt.segment`). It starts from an empty slot and leaves no reusable state (no
+turn snapshot; the slot forgets its tokens on release): kept states are keyed by token ids, and the
+pads of two different images have the same ids.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import queue
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import cast
 
 from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.prefix_cache import PrefixCache
-from engine.generation.slots import Pick, SlotBackend, SlotRequest
+from engine.generation.slots import ImagePrefill, Pick, SlotBackend, SlotRequest, supports_images
 from engine.generation.tokenizer import Tokenizer
 from engine.server.generation_job import Failed, Job, JobOutput
+from engine.server.multimodal_chat import IMAGES_NEED_REFERENCE
 
 log = logging.getLogger("rigllm.server")
 
@@ -55,6 +62,7 @@ class Scheduler:
         self.stop_ids: Collection[int] = tokenizer.eos_ids
         self._tokenizer = tokenizer
         self.cache = cache if slots.can_snapshot else None
+        self.supports_images = supports_images(slots)
         self.slots = [_Slot(i) for i in range(slots.slot_count)]
         self._clock = itertools.count(1)
 
@@ -89,11 +97,16 @@ class Scheduler:
 
     # ---- admission -------------------------------------------------------------------------------
     def _start(self, job: Job) -> None:
+        if job.multimodal is not None and not self.supports_images:  # the worker refuses these before queueing
+            job.post(Failed(IMAGES_NEED_REFERENCE))
+            return
         prompt = job.prompt_ids
+        cache = self.cache if job.multimodal is None else None
         free = [s for s in self.slots if s.job is None]
-        live = max((s for s in free if _extends(prompt, s.tokens)), key=lambda s: len(s.tokens), default=None)
+        live = max((s for s in free if job.multimodal is None and _extends(prompt, s.tokens)),
+                   key=lambda s: len(s.tokens), default=None)
         live_len = len(live.tokens) if live else 0
-        cached_len, snap = self.cache.longest_prefix(prompt) if self.cache is not None else (0, None)
+        cached_len, snap = cache.longest_prefix(prompt) if cache is not None else (0, None)
         try:
             if live is not None and live_len >= cached_len:
                 slot, reuse = live, live_len
@@ -114,7 +127,7 @@ class Scheduler:
         slot.pending = list(prompt[reuse:])
         slot.cached = reuse
         slot.next_token = None
-        slot.snapshot_at = job.turn_start if self.cache is not None and job.turn_start > reuse and prompt[: job.turn_start] not in self.cache else 0
+        slot.snapshot_at = job.turn_start if cache is not None and job.turn_start > reuse and prompt[: job.turn_start] not in cache else 0
         slot.started = time.perf_counter()
         slot.last_used = next(self._clock)
 
@@ -130,7 +143,12 @@ class Scheduler:
             limit = min(limit, slot.snapshot_at - len(slot.tokens))
         part, slot.pending = slot.pending[:limit], slot.pending[limit:]
         try:
-            self.backend.prefill_slot(slot.index, part)
+            if slot.job.multimodal is not None:  # only admitted when the backend is an ImagePrefill
+                start = len(slot.tokens)
+                segment = slot.job.multimodal.segment(start, start + len(part))
+                cast(ImagePrefill, self.backend).prefill_embedded(slot.index, segment)
+            else:
+                self.backend.prefill_slot(slot.index, part)
             slot.tokens += part
             if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
                 self._keep_snapshot(slot)
@@ -207,13 +225,16 @@ class Scheduler:
                 self._release(slot)
 
     def _release(self, slot: _Slot, keep_state: bool = True) -> None:
-        """Free the slot; its state stays for a follow-up unless it may be inconsistent."""
+        """Free the slot; its state stays for a follow-up unless it may be inconsistent or saw images
+        (their pads' token ids do not say which image they were, so no follow-up may match them)."""
+        saw_images = slot.job is not None and slot.job.multimodal is not None
         slot.job = slot.output = None
         slot.next_token = None
         slot.pending = []
         slot.snapshot_at = 0
-        if not keep_state:
+        if saw_images or not keep_state:
             slot.tokens = []
+        if not keep_state:
             self.backend.reset_slot(slot.index)
 
 

@@ -47,9 +47,17 @@ class RequestBody(BaseModel):
         return data
 
 
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None  # OpenAI's low/high/auto; ignored: the image's size decides its tokens
+
+
 class ContentPart(BaseModel):
+    """A text part, or an `image_url` part (a data URL; `image_url` may also be the bare URL string)."""
+
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None
 
 
 class ChatMessage(BaseModel):

@@ -12,11 +12,14 @@ import queue
 import threading
 from collections.abc import Callable
 
+from engine.errors import RigllmError
 from engine.generation.backend import Backend
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import slot_backend
 from engine.generation.tokenizer import Tokenizer
+from engine.server.api_errors import APIError
 from engine.server.generation_job import Job
+from engine.server.multimodal_chat import IMAGES_NEED_REFERENCE
 from engine.server.scheduler import Scheduler
 
 DEFAULT_SLOTS = 4
@@ -24,6 +27,10 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 class QueueFull(Exception):
     """More requests are waiting than the queue holds."""
+
+
+class ImagesUnsupported(APIError, RigllmError):
+    """A job with images for a backend that cannot prefill them: a 400 in the API, a message in the app."""
 
 
 class GenerationWorker:
@@ -67,7 +74,16 @@ class GenerationWorker:
     def busy(self) -> bool:
         return self.active > 0
 
+    @property
+    def supports_images(self) -> bool:
+        """Whether the backend prefills image embeddings (the reference does; the CUDA backend not yet)."""
+        return self._scheduler is not None and self._scheduler.supports_images
+
     def submit(self, job: Job) -> None:
+        """Queue `job`; refuses a job with images the backend cannot run (before it waits in the queue)."""
+        if job.multimodal is not None and not self.supports_images:
+            raise ImagesUnsupported(400, f"{IMAGES_NEED_REFERENCE} (this server runs the {self.backend_name} backend)",
+                                    param="messages", code="images_unsupported")
         if self._stopping:
             raise QueueFull("the model is being unloaded; try again shortly")
         try:

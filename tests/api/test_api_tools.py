@@ -74,6 +74,15 @@ def test_tool_call_stream_deltas_follow_openai(server):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_streamed_arguments_arrive_one_parameter_at_a_time(server):
+    """The two-parameter call streams its head, then one argument delta per finished parameter."""
+    chunks = list(server.client().chat.completions.create(
+        model=server.model_id, messages=ASK, tools=TOOLS, stream=True, extra_body=THINK))
+    call_deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert call_deltas[0].function.name == "get_weather" and call_deltas[0].function.arguments == ""
+    assert [tc.function.arguments for tc in call_deltas[1:]] == ['{"city": "Paris"', ', "days": 3', "}"]
+
+
 def test_without_tools_the_markup_stays_content(server):
     r = server.client().chat.completions.create(model=server.model_id, messages=ASK, extra_body=THINK)
     assert r.choices[0].finish_reason == "stop" and "<tool_call>" in r.choices[0].message.content

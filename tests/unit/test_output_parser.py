@@ -79,8 +79,8 @@ WELL_FORMED: dict[str, Case] = {
 
 MALFORMED: dict[str, tuple[str, bool, str, list[str]]] = {
     # name -> (text, thinking, expected content, expected call names)
-    "unclosed_block": ("Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n", False,
-                       "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo", []),
+    "unclosed_block": ("Sure.\n<tool_call>\n<function=get_weather>\n", False,
+                       "Sure.\n<tool_call>\n<function=get_weather>", []),
     "bad_json": ('Hi\n<tool_call>\n{"name": "get_time", "arguments": {oops}\n</tool_call>', False,
                  'Hi\n<tool_call>\n{"name": "get_time", "arguments": {oops}\n</tool_call>', []),
     "json_without_name": ('<tool_call>{"arguments": {}}</tool_call>', False,

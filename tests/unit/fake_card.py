@@ -1,0 +1,139 @@
+"""A stand-in for `engine.cuda.driver.CudaCard` that runs no kernels, for exercising the CUDA backend's host
+code (allocation plans, buffer views, slot bookkeeping, pipeline hand-offs) on machines without a GPU.
+
+Buffers are real host memory, so uploads, downloads and views behave like the card's; kernel launches
+are recorded, not run, with their arguments checked to be launchable types. What this cannot catch
+(a kernel's arithmetic) the GPU tests cover.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+
+LAUNCHABLE = (np.int32, np.int64, np.uint32, np.uint64, np.float32)
+
+
+class FakeBuffer:
+    def __init__(self, data: np.ndarray, label: str, owner: "FakeBuffer | None" = None):
+        self.data, self.label, self.owner = data, label, owner
+        self.nbytes = data.nbytes
+        self.ptr = id(data)
+
+    def view(self, offset: int, nbytes: int, label: str | None = None) -> "FakeBuffer":
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"view [{offset}, {offset + nbytes}) outside buffer '{self.label}' of {self.nbytes} bytes")
+        return FakeBuffer(self.data[offset : offset + nbytes], label or self.label, self)
+
+    def upload(self, array: np.ndarray) -> None:
+        raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        if raw.nbytes > self.nbytes:
+            raise ValueError(f"{raw.nbytes} bytes do not fit buffer '{self.label}' of {self.nbytes}")
+        self.data[: raw.nbytes] = raw
+
+    upload_async = lambda self, array, stream=None: self.upload(array)  # noqa: E731
+
+    def download(self, dtype: Any, shape: Any) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        if out.nbytes > self.nbytes:
+            raise ValueError(f"{out.nbytes} bytes requested from buffer '{self.label}' of {self.nbytes}")
+        out.reshape(-1).view(np.uint8)[:] = self.data[: out.nbytes]
+        return out
+
+    def download_async(self, out: np.ndarray, stream: Any = None) -> None:
+        if not out.flags.c_contiguous or out.nbytes > self.nbytes:
+            raise ValueError(f"download target must be C-contiguous and at most {self.nbytes} bytes")
+        out.reshape(-1).view(np.uint8)[:] = self.data[: out.nbytes]
+
+    def fill_zero(self, stream: Any = None) -> None:
+        self.data[:] = 0
+
+    def copy_from(self, src: "FakeBuffer", nbytes: int | None = None, stream: Any = None) -> None:
+        n = src.nbytes if nbytes is None else nbytes
+        self.data[:n] = src.data[:n]
+
+    def free(self) -> None:
+        if self.owner is not None:
+            raise ValueError(f"'{self.label}' is a view; free the buffer it views")
+
+
+class FakeKernel:
+    def __init__(self, card: "FakeCard", name: str):
+        self.card, self.name = card, name
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        if nbytes > 96 * 1024:
+            raise ValueError(f"{self.name}: {nbytes} bytes of shared memory exceed Volta's 96 KiB")
+
+    def launch(self, grid: Any, block: Any, *args: Any, shared: int = 0, stream: Any = None) -> None:
+        for i, arg in enumerate(args):
+            if not (arg is None or isinstance(arg, (FakeBuffer, *LAUNCHABLE))):
+                raise TypeError(f"{self.name}: argument {i} is a {type(arg).__name__}, not a buffer or numpy scalar")
+        self.card.launches.append((self.name, grid, block, len(args)))
+
+
+class _Sync:
+    def synchronize(self) -> None:
+        """Nothing runs asynchronously here."""
+
+    handle = 0
+
+
+class FakeGraph:
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class FakeCard:
+    def __init__(self, index: int = 0, capacity_bytes: int | None = None, name: str | None = None):
+        self.index, self.capacity_bytes = index, capacity_bytes
+        self.name = name or f"fake:{index}"
+        self.device_name = "fake GPU"
+        self.sm_count, self.arch, self.total_bytes = 132, 90, 80 << 30
+        self.stream = _Sync()
+        self.launches: list[tuple[str, Any, Any, int]] = []
+        self.allocated_bytes = 0
+
+    def alloc(self, nbytes: int, label: str) -> FakeBuffer:
+        if nbytes <= 0:
+            raise ValueError(f"{label}: cannot allocate {nbytes} bytes")
+        self.allocated_bytes += nbytes
+        return FakeBuffer(np.zeros(nbytes, np.uint8), label)
+
+    def upload(self, array: np.ndarray, label: str) -> FakeBuffer:
+        buf = self.alloc(max(1, np.asarray(array).nbytes), label)
+        buf.upload(array)
+        return buf
+
+    def pinned(self, shape: Any, dtype: Any, portable: bool = False) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def free_bytes(self) -> int:
+        return (self.capacity_bytes or self.total_bytes) - self.allocated_bytes
+
+    def kernel(self, name: str) -> FakeKernel:
+        return FakeKernel(self, name)
+
+    @contextmanager
+    def capture(self, label: str, stream: Any = None) -> Iterator[FakeGraph]:
+        yield FakeGraph()
+
+    def replay(self, graph: FakeGraph, stream: Any = None) -> None:
+        self.launches.append(("<replay>", None, None, 0))
+
+    def synchronize(self) -> None:
+        """Nothing runs asynchronously here."""
+
+    def event(self) -> Any:
+        return _Sync()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def __enter__(self) -> "FakeCard":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,57 @@
+"""The CUDA backend's host code on a stand-in card (no GPU): slots, KV formats, snapshots and the multi-card
+pipeline build, prefill, step and hand off without Python-level errors, and launch only valid arguments.
+Numbers are not checked here (no kernel runs): tests/gpu does that on the H200."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.cuda.pipeline import CardSpec, PipelineBackend
+from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.weights import upload_weights
+from engine.generation.kv_formats import kv_format
+from engine.generation.sampler import SamplingParams
+from engine.generation.slots import SlotRequest
+from engine.gguf.demo_model import ensure_demo_model
+from engine.gguf.loader import load_model
+from fake_card import FakeCard
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_model(ensure_demo_model())
+
+
+@pytest.mark.parametrize("kv", ["f16", "k8v3", "k3v3"])
+def test_slot_decoder_runs_every_path(demo, kv):
+    card = FakeCard()
+    weights = upload_weights(card, demo.file, demo.config)
+    dec = SlotDecoder(card, demo.config, weights, context=96, slots=3, chunk=16, kv=kv_format(kv))
+    greedy, sampled = SlotRequest(SamplingParams(temperature=0.0), [1, 2]), SlotRequest(SamplingParams(seed=1), [3])
+    dec.prefill_slot(0, list(range(40)))
+    dec.begin(0, greedy)
+    dec.prefill_slot(1, [5, 6, 7])
+    dec.begin(1, sampled)
+    picks = dec.step({0: 1, 1: 2})
+    assert set(picks) == {0, 1} and dec.seqs[0].next_position == 41
+    snap = dec.snapshot_slot(0)
+    dec.restore_slot(2, snap)
+    assert dec.seqs[2].next_position == 41
+    names = {name for name, *_ in card.launches}
+    assert ("kv_encode_int8" in names) == kv.startswith("k8") and "attn_prep" in names
+
+
+def test_pipeline_hands_rows_between_cards(demo):
+    pipe = PipelineBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
+                           card_factory=FakeCard)
+    try:
+        assert [(s.start, s.stop) for s in pipe.spans] == [(0, 3), (3, 6), (6, 8)]
+        pipe.prefill_slot(0, list(range(50)))  # four chunks through three cards
+        pipe.begin(0, SlotRequest(SamplingParams(temperature=0.0), ()))
+        pipe.step({0: 4})
+        assert pipe.position(0) == 51
+        seq = pipe.new_sequence()
+        assert np.isfinite(pipe.forward_last([1, 2, 3], seq)).all()
+    finally:
+        pipe.close()

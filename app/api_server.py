@@ -1,7 +1,8 @@
 """The OpenAI-compatible API inside the desktop app: `rigllm serve`'s FastAPI app on uvicorn in a
-background thread, sharing the app's generation worker (one owner of the backend for both).
+background thread, serving the app's loaded model (`FixedModel`: the app's generation worker stays
+the one owner of the backend for both).
 
-The API key lives in the OS keyring under the same service/user `rigllm serve --api-key-from-keyring`
+The API key lives in the OS keyring under the same service/user `rigllm serve --use-keyring`
 reads (engine.server.access), so a key made here also works for the headless server. Clients are
 counted by a thin ASGI wrapper around the app: the engine's app stays unchanged.
 """
@@ -20,7 +21,7 @@ from keyring.errors import KeyringError
 
 from engine.errors import RigllmError
 from engine.server.access import KEYRING_SERVICE, KEYRING_USER
-from engine.server.app import create_app
+from engine.server.app import FixedModel, create_app
 
 from app.chat_engine import ChatEngine
 
@@ -78,7 +79,7 @@ class _ClientCounter:
 class ApiServer:
     def __init__(self, engine: ChatEngine, api_key: str, host: str = "127.0.0.1", port: int = 8765):
         self.host, self.port = host, port
-        app = create_app(engine.service, engine.worker, api_key, label=engine.info.label)
+        app = create_app(FixedModel(engine.service, engine.worker, engine.info.label), api_key)
         self.clients = _ClientCounter(app)
         self._server = uvicorn.Server(uvicorn.Config(self.clients, host=host, port=port, log_level="warning"))
         self._thread: threading.Thread | None = None

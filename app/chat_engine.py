@@ -37,6 +37,25 @@ class ModelInfo:
     cards: tuple[int, ...]  # card indices (PCI bus order) the model runs on; () for the CPU
 
 
+def prompt_messages(history: list[Message], settings: AppSettings) -> list[dict[str, Any]]:
+    """The conversation as the chat template wants it: system preset first, text only (for a local model
+    and for a rig's, whose OpenAI API takes the same messages).
+
+    Images stay with the chat but are not sent: the text model has no vision input yet.
+    """
+    out: list[dict[str, Any]] = []
+    if settings.system_prompt:
+        out.append({"role": "system", "content": settings.system_prompt})
+    for m in history:
+        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.role == "assistant" and m.reasoning:
+            msg["reasoning_content"] = m.reasoning
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        out.append(msg)
+    return out
+
+
 class ChatEngine(QObject):
     piece = Signal(int, object)  # job id, list[ParseEvent]
     finished = Signal(int, object)  # job id, Finished
@@ -51,25 +70,8 @@ class ChatEngine(QObject):
         self._ids = itertools.count(1)
         self._jobs: dict[int, Job] = {}
 
-    def prompt_messages(self, history: list[Message], settings: AppSettings) -> list[dict[str, Any]]:
-        """The conversation as the chat template wants it: system preset first, text only.
-
-        Images stay with the chat but are not sent: the text model has no vision input yet.
-        """
-        out: list[dict[str, Any]] = []
-        if settings.system_prompt:
-            out.append({"role": "system", "content": settings.system_prompt})
-        for m in history:
-            msg: dict[str, Any] = {"role": m.role, "content": m.content}
-            if m.role == "assistant" and m.reasoning:
-                msg["reasoning_content"] = m.reasoning
-            if m.tool_calls:
-                msg["tool_calls"] = m.tool_calls
-            out.append(msg)
-        return out
-
     def _prompt(self, history: list[Message], settings: AppSettings) -> ChatPrompt:
-        return build_chat_prompt(self.service.template, self.service.tokenizer, self.prompt_messages(history, settings),
+        return build_chat_prompt(self.service.template, self.service.tokenizer, prompt_messages(history, settings),
                                  enable_thinking=settings.thinking, context_length=self.service.context_length)
 
     def oldest_to_drop(self, history: list[Message], settings: AppSettings) -> int:

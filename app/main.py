@@ -29,8 +29,10 @@ def chats_path() -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QSettings
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from engine.paths import RESOURCES_DIR
     from engine.telemetry import open_source
 
     from app.chat_store import ChatStore, ChatStoreError
@@ -39,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("rigllm")
     app.setOrganizationName("rigllm")
+    app.setDesktopFileName("rigllm")  # Wayland app id = packaging/linux/rigllm.desktop (X11 uses the name above)
+    app.setWindowIcon(QIcon(str(RESOURCES_DIR / "icons" / "hicolor" / "256x256" / "apps" / "rigllm.png")))
     try:
         store = ChatStore(chats_path())
     except ChatStoreError as err:

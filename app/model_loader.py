@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import PurePath
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
@@ -43,7 +43,7 @@ def engine_differences(request: "LoadRequest") -> list[str]:
 
 @dataclass(frozen=True)
 class LoadRequest:
-    path: Path | None  # None: the generated demo model
+    path: PurePath | None  # None: the generated demo model (the rig's own, for a remote load); a path on the rig there
     backend: str  # auto / reference / cuda
     context: int | None  # None: the model's own
     kv_format: str

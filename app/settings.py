@@ -40,6 +40,8 @@ class AppSettings:
     presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
     theme: str = "system"
     api_port: int = 8765
+    rig_host: str = ""  # the last rig connected to ("Connect to rig"); its key is in the keyring
+    rig_port: int = 8000
 
     def sampling(self) -> SamplingParams:
         """Raises RigllmError (one line) for an invalid combination, which the dialog shows."""
@@ -59,6 +61,8 @@ class AppSettings:
             raise RigllmError(f"theme must be one of {', '.join(THEMES)}")
         if not 1 <= self.api_port <= 65535:
             raise RigllmError("the API port must be in 1-65535")
+        if not 1 <= self.rig_port <= 65535:
+            raise RigllmError("the rig's port must be in 1-65535")
 
 
 def migrate(store: QSettings) -> None:

@@ -9,6 +9,8 @@ an alert shows). The 27B sheet prices the released Qwen3.5-27B shape from its co
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 import tempfile
@@ -30,7 +32,6 @@ from engine.telemetry import FakeSource, cmp_100_210  # noqa: E402
 from app.chat_records import Message  # noqa: E402
 from app.chat_store import ChatStore  # noqa: E402
 from app.main import chats_path  # noqa: E402
-from app.ui.load_sheet import Inspected  # noqa: E402
 from app.ui.main_window import MainWindow  # noqa: E402
 
 SAMPLE = [
@@ -90,7 +91,7 @@ def main(out: Path) -> int:
     sheet = window.open_load_sheet()
     wait_for(lambda: sheet.inspected is not None)
     shot(sheet, out, "load_sheet_demo")
-    big = Inspected(sheet.inspected.path, sheet.inspected.loaded, footprint_for(shape_config("27b")))
+    big = dataclasses.replace(sheet.inspected, footprint=footprint_for(shape_config("27b")))
     sheet.show_model(big)
     sheet.model_label.setText("<b>Qwen3.5-27B shape</b> (priced from its config for this screenshot; no file)")
     sheet.context_spin.setValue(262144)

@@ -21,6 +21,7 @@ from engine.server.worker import QueueFull
 from app.chat_engine import ChatEngine
 from app.chat_records import COMPLETE, FAILED, STOPPED, STREAMING, Attachment, Message
 from app.chat_store import ChatStore
+from app.remote_engine import RemoteChatEngine
 from app.settings import AppSettings
 from app.ui.composer import Composer
 from app.ui.message_widget import MessageWidget
@@ -52,7 +53,7 @@ class ChatPane(QWidget):
         super().__init__(parent)
         self.store = store
         self._settings = settings
-        self.engine: ChatEngine | None = None
+        self.engine: ChatEngine | RemoteChatEngine | None = None
         self.conversation_id: int | None = None
         self.messages: list[Message] = []
         self.widgets: list[MessageWidget] = []
@@ -98,7 +99,7 @@ class ChatPane(QWidget):
 
     # engine
 
-    def set_engine(self, engine: ChatEngine | None) -> None:
+    def set_engine(self, engine: ChatEngine | RemoteChatEngine | None) -> None:
         if self.engine is not None:
             self.engine.piece.disconnect(self._on_piece)
             self.engine.finished.disconnect(self._on_finished)
@@ -159,7 +160,7 @@ class ChatPane(QWidget):
         self.messages.append(user)
         self._add_widget(user)
         self.composer.clear()
-        if attachments:  # ChatEngine.prompt_messages sends text only until the engine takes images
+        if attachments:  # prompt_messages sends text only until the engine takes images
             self.notice.emit("Images are kept with the chat; the engine does not take image input yet")
         self._answer()
         self.conversations_changed.emit()

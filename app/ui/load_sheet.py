@@ -2,18 +2,21 @@
 staged per-card progress with a Cancel that frees the cards, and the engine's own error on failure.
 
 Inspecting a file (validation + footprint) runs on a short-lived thread, loading on the loader's
-QThread; the sheet only reacts to their signals.
+QThread; the sheet only reacts to their signals. For a remote rig the file is a path on the rig, the
+rig inspects it (`GET /admin/inspect`) and the remote loader loads it there; the cards, the planner
+and the budget shown are the same code as for a local load.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 
 from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QLabel,
-                               QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QProgressBar, QPushButton,
+from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QInputDialog,
+                               QLabel, QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QProgressBar, QPushButton,
                                QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.generation.backend import BACKEND_CHOICES
@@ -22,11 +25,13 @@ from engine.generation.load_progress import LoadProgress
 from engine.generation.memory_plan import format_bytes
 from engine.generation.model_footprint import Footprint, footprint_of
 from engine.gguf.demo_model import ensure_demo_model
-from engine.gguf.loader import LoadedModel, load_model
+from engine.gguf.loader import load_model
 from engine.telemetry import CardSample
 
 from app.budget import CONTEXT_STEP, Budget, Fix, budget, max_context, profile_of
 from app.model_loader import LoadRequest, ModelLoader, engine_differences
+from app.remote_loader import RemoteModelLoader
+from app.rig_client import RigLink
 from app.ui.budget_bars import BudgetBars, legend
 
 DEFAULT_CONTEXT = 32768
@@ -41,9 +46,31 @@ def find_mmproj(model: Path) -> Path | None:
 
 @dataclass(frozen=True)
 class Inspected:
-    path: Path | None
-    loaded: LoadedModel
+    path: PurePath | None  # None: the generated demo model; on a rig, a path on the rig
+    name: str
     footprint: Footprint
+    vision: str  # what the sheet says about a vision projector
+
+
+def inspect_local(path: PurePath | None) -> Inspected:
+    loaded = load_model(path or ensure_demo_model())
+    mmproj = find_mmproj(loaded.path) if path else None
+    return Inspected(path, loaded.file.fields.get("general.name", loaded.path.stem), footprint_of(loaded),
+                     mmproj.name if mmproj else "none found")
+
+
+def rig_inspector(link: RigLink) -> Callable[[PurePath | None], Inspected]:
+    """Inspection by the rig itself: the file stays there, only its footprint comes over."""
+
+    def inspect(path: PurePath | None) -> Inspected:
+        client = link.client()
+        try:
+            _where, name, footprint = client.inspect(None if path is None else str(path))
+        finally:
+            client.close()
+        return Inspected(path, name, footprint, f"not checked (the file is on rig {link.name})")
+
+    return inspect
 
 
 class _Inspector(QObject):
@@ -52,12 +79,15 @@ class _Inspector(QObject):
     done = Signal(object)  # Inspected
     failed = Signal(str)
 
-    def inspect(self, path: Path | None) -> None:
+    def __init__(self, inspect: Callable[[PurePath | None], Inspected]):
+        super().__init__()
+        self._inspect = inspect
+
+    def inspect(self, path: PurePath | None) -> None:
         def work() -> None:
             try:
-                loaded = load_model(path or ensure_demo_model())
-                self.done.emit(Inspected(path, loaded, footprint_of(loaded)))
-            except Exception as err:  # the sheet shows the validator's message
+                self.done.emit(self._inspect(path))
+            except Exception as err:  # the sheet shows the validator's (or the rig's) message
                 self.failed.emit(str(err))
 
         threading.Thread(target=work, name="rigllm-inspect", daemon=True).start()
@@ -83,18 +113,22 @@ class _ProgressRow:
 
 
 class LoadSheet(QDialog):
-    """Closes itself when the model is loaded; the main window takes the engine from the loader."""
+    """Closes itself when the model is loaded; the main window takes the engine from the loader.
 
-    def __init__(self, cards: list[CardSample], loader: ModelLoader, gpu_note: str | None = None,
-                 parent: QWidget | None = None):
+    With `rig` set, the model is chosen, inspected and loaded on that rig, and `cards` are the rig's.
+    """
+
+    def __init__(self, cards: list[CardSample], loader: ModelLoader | RemoteModelLoader, gpu_note: str | None = None,
+                 parent: QWidget | None = None, rig: RigLink | None = None):
         super().__init__(parent)
-        self.setWindowTitle("Load model")
+        self.setWindowTitle("Load model" if rig is None else f"Load model on rig {rig.name}")
         self.cards = cards
         self.loader = loader
+        self.rig = rig
         self.inspected: Inspected | None = None
         self.current: Budget | None = None
         self.rows: dict[int, _ProgressRow] = {}
-        self._inspector = _Inspector()
+        self._inspector = _Inspector(inspect_local if rig is None else rig_inspector(rig))
         self._inspector.done.connect(self.show_model)
         self._inspector.failed.connect(self._inspect_failed)
         layout = QVBoxLayout(self)
@@ -102,7 +136,7 @@ class LoadSheet(QDialog):
         file_row = QHBoxLayout()
         self.path_edit = QLineEdit(placeholderText="the generated demo model (random weights)")
         self.path_edit.setReadOnly(True)
-        browse = QPushButton("Choose GGUF...")
+        browse = QPushButton("Choose GGUF..." if rig is None else "GGUF path on the rig...")
         browse.clicked.connect(self._browse)
         demo = QPushButton("Demo model")
         demo.clicked.connect(lambda: self.choose(None))
@@ -226,11 +260,16 @@ class LoadSheet(QDialog):
     # model choice
 
     def _browse(self) -> None:
+        if self.rig is not None:  # the rig's disk is not browsable from here: its path is typed
+            path, ok = QInputDialog.getText(self, "Model on the rig", f"Path of a GGUF file on rig {self.rig.name}:")
+            if ok and path.strip():
+                self.choose(PurePosixPath(path.strip()))
+            return
         path, _ = QFileDialog.getOpenFileName(self, "Choose a GGUF model", "", "GGUF models (*.gguf)")
         if path:
             self.choose(Path(path))
 
-    def choose(self, path: Path | None) -> None:
+    def choose(self, path: PurePath | None) -> None:
         self.path_edit.setText("" if path is None else str(path))
         self.model_label.setText("reading the model...")
         self.load_button.setEnabled(False)
@@ -240,12 +279,12 @@ class LoadSheet(QDialog):
         """Price `result` on the cards (the inspector calls it; the screenshot script passes a 27B shape)."""
         self.inspected = result
         cfg = result.footprint.config
-        name = result.loaded.file.fields.get("general.name", result.loaded.path.stem)
-        mmproj = find_mmproj(result.loaded.path) if result.path else None
         demo = " · demo model, random weights: output is gibberish" if result.path is None else ""
+        where = f" · on rig {self.rig.name}" if self.rig is not None else ""
         self.model_label.setText(
-            f"<b>{name}</b>{demo} · {cfg.n_layers} layers · file {format_bytes(result.footprint.file_bytes)} · "
-            f"trained context {cfg.context_length} · vision projector: {mmproj.name if mmproj else 'none found'}")
+            f"<b>{result.name}</b>{demo}{where} · {cfg.n_layers} layers · "
+            f"file {format_bytes(result.footprint.file_bytes)} · trained context {cfg.context_length} · "
+            f"vision projector: {result.vision}")
         steps = max(1, cfg.context_length // CONTEXT_STEP)
         self.context_slider.setMaximum(steps)
         self.context_spin.setMaximum(steps * CONTEXT_STEP)

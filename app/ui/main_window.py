@@ -1,8 +1,14 @@
 """The main window: conversations on the left; Chat, Rig monitor and API server tabs; a status line
-with the model, its cards, the context used and the KV format."""
+with the model, its cards, the context used and the KV format.
+
+"Connect to rig" swaps the local engine for a remote one: the remote loader, engine and telemetry
+source have the local ones' signals and calls, so the chat pane, the loading sheet and the rig
+monitor are the same widgets for both. Disconnecting goes back to this computer.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QTimer, Qt
@@ -18,10 +24,15 @@ from app.chat_engine import ChatEngine
 from app.chat_store import ChatStore
 from app.model_loader import LoadRequest, ModelLoader
 from app.monitor_service import POLL_MS, MonitorService
+from app.remote_engine import RemoteChatEngine
+from app.remote_loader import RemoteModelLoader
+from app.remote_telemetry import RemoteTelemetry
+from app.rig_client import RigLink
 from app.settings import AppSettings
 from app.theme import apply_theme
 from app.ui.api_panel import ApiPanel
 from app.ui.chat_pane import ChatPane
+from app.ui.connect_dialog import ConnectDialog
 from app.ui.conversation_list import ConversationList
 from app.ui.load_sheet import LoadSheet
 from app.ui.rig_monitor import RigMonitor
@@ -38,11 +49,15 @@ class MainWindow(QMainWindow):
         self.qsettings = qsettings
         self.settings: AppSettings = settings_io.load(qsettings)
         apply_theme(QApplication.instance(), self.settings.theme)
-        self.engine: ChatEngine | None = None
+        self.engine: ChatEngine | RemoteChatEngine | None = None
         self.snapshot: RigSnapshot | None = None
-        self.loader = ModelLoader()
-        self.loader.loaded.connect(self.set_engine)
+        self.local_loader = ModelLoader()
+        self.loader: ModelLoader | RemoteModelLoader = self.local_loader
+        self.loader.loaded.connect(self._loaded)
         self.loader.failed.connect(self._load_failed)
+        self.rig_link: RigLink | None = None  # set while connected to a rig
+        self.remote_monitor: MonitorService | None = None
+        self._poll_ms = poll_ms
 
         self.conversations = ConversationList(store)
         self.chat = ChatPane(store, lambda: self.settings)
@@ -102,7 +117,10 @@ class MainWindow(QMainWindow):
         action(chat, "Quit", self.close, "Ctrl+Q")
         model = self.menuBar().addMenu("&Model")
         action(model, "Load model...", self.open_load_sheet, "Ctrl+L")
-        action(model, "Unload model", lambda: self.set_engine(None))
+        action(model, "Unload model", self.unload_model)
+        rig = self.menuBar().addMenu("&Rig")
+        action(rig, "Connect to rig...", self.open_connect_dialog)
+        action(rig, "Disconnect from rig", self.disconnect_rig)
         action(self.menuBar().addMenu("&Settings"), "Settings...", self.open_settings, "Ctrl+,")
 
     # model
@@ -122,16 +140,22 @@ class MainWindow(QMainWindow):
 
     def open_load_sheet(self) -> LoadSheet:
         cards = list(self.snapshot.cards) if self.snapshot else []
-        sheet = LoadSheet(cards, self.loader, self.snapshot.error if self.snapshot else None, self)
+        sheet = LoadSheet(cards, self.loader, self.snapshot.error if self.snapshot else None, self, self.rig_link)
         sheet.setAttribute(Qt.WA_DeleteOnClose)
         sheet.show()
         return sheet
 
-    def set_engine(self, engine: ChatEngine | None) -> None:
+    def unload_model(self) -> None:
+        """Close the model; on a rig, also unload it there (freeing the rig's cards)."""
+        if isinstance(self.loader, RemoteModelLoader) and self.engine is not None:
+            self.loader.unload()
+        self.set_engine(None)
+
+    def set_engine(self, engine: ChatEngine | RemoteChatEngine | None) -> None:
         if engine is self.engine:
             return
         old, self.engine = self.engine, engine
-        self.api.set_engine(engine)
+        self.api.set_engine(engine if isinstance(engine, ChatEngine) else None)  # a rig serves its own API
         self.chat.set_engine(engine)
         if old is not None:
             old.close()
@@ -143,6 +167,71 @@ class MainWindow(QMainWindow):
         if engine is not None:
             self.notify(f"{engine.info.name} ready on the {engine.info.backend} backend")
 
+    # rig
+
+    def open_connect_dialog(self) -> ConnectDialog:
+        dialog = ConnectDialog(self.settings.rig_host, self.settings.rig_port, self)
+        dialog.setAttribute(Qt.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self.connect_rig(dialog.link()))
+        dialog.show()
+        return dialog
+
+    def connect_rig(self, link: RigLink) -> None:
+        """Chat, load and monitor on `link`'s rig instead of this computer (the local model is closed)."""
+        self.disconnect_rig()
+        self._start_pending = False  # the demo-model start is for this computer only
+        self.set_engine(None)
+        self.apply_settings(replace(self.settings, rig_host=link.host, rig_port=link.port))
+        self.rig_link = link
+        remote = RemoteModelLoader(link)
+        remote.notice.connect(self.notify)
+        remote.unreachable.connect(self._rig_unreachable)
+        self._use_loader(remote)
+        self.monitor.snapshot.disconnect(self._snapshot)
+        self.snapshot = None
+        self.rig.show_machine(f"rig {link.name}")
+        self.remote_monitor = MonitorService(RemoteTelemetry(link), self._poll_ms)
+        self.remote_monitor.snapshot.connect(self._snapshot)
+        self.update_status()
+        remote.attach()
+
+    def disconnect_rig(self) -> None:
+        """Back to this computer; the rig keeps its model loaded and goes on serving its API."""
+        if self.rig_link is None:
+            return
+        name = self.rig_link.name
+        self.set_engine(None)
+        remote = self.loader
+        self._use_loader(self.local_loader)
+        remote.shutdown()
+        assert self.remote_monitor is not None
+        self.remote_monitor.snapshot.disconnect(self._snapshot)
+        self.remote_monitor.shutdown()
+        self.remote_monitor = None
+        self.rig_link = None
+        self.snapshot = None
+        self.rig.show_machine("this computer")
+        self.monitor.snapshot.connect(self._snapshot)
+        self.update_status()
+        self.notify(f"disconnected from rig {name}")
+
+    def _use_loader(self, loader: ModelLoader | RemoteModelLoader) -> None:
+        self.loader.loaded.disconnect(self._loaded)
+        self.loader.failed.disconnect(self._load_failed)
+        self.loader = loader
+        loader.loaded.connect(self._loaded)
+        loader.failed.connect(self._load_failed)
+
+    def _rig_unreachable(self, message: str) -> None:
+        self.disconnect_rig()
+        self.notify(f"could not connect: {message}")
+
+    def _loaded(self, engine: ChatEngine | RemoteChatEngine) -> None:
+        if self.sender() is not self.loader:  # queued before a connect or disconnect: the other machine's
+            engine.close()
+            return
+        self.set_engine(engine)
+
     def _load_failed(self, message: str) -> None:
         self.notify(f"loading failed: {message}")
 
@@ -153,7 +242,8 @@ class MainWindow(QMainWindow):
     def update_status(self) -> None:
         e = self.engine
         if e is None:
-            self.status_line.setText("no model loaded")
+            where = f" on rig {self.rig_link.name}" if self.rig_link else ""
+            self.status_line.setText(f"no model loaded{where}")
             return
         i = e.info
         cards = f"cards {', '.join(map(str, i.cards))}" if i.cards else "CPU"
@@ -163,6 +253,8 @@ class MainWindow(QMainWindow):
         self.status_line.setText(text)
 
     def _snapshot(self, snap: RigSnapshot) -> None:
+        if self.sender() is not (self.remote_monitor or self.monitor):
+            return  # queued before a connect or disconnect: it describes the other machine
         self.snapshot = snap
         self.rig.show_snapshot(snap)
         if self._start_pending:
@@ -239,6 +331,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         if self.chat.stream is not None:
             self.chat.stop()
+        self.disconnect_rig()
         self.api.shutdown()
         self.monitor.shutdown()
         self.loader.shutdown()

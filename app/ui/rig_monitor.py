@@ -109,6 +109,8 @@ class RigMonitor(QWidget):
         self.model_cards: tuple[int, ...] = ()
         self.tokens_per_second: float | None = None
         layout = QVBoxLayout(self)
+        self.machine = QLabel("<b>this computer</b>")
+        layout.addWidget(self.machine)
         self.summary = QLabel()
         layout.addWidget(self.summary)
         self.empty = QLabel("Waiting for the first reading...")
@@ -119,6 +121,19 @@ class RigMonitor(QWidget):
         self.grid = QGridLayout(self.grid_box)
         layout.addWidget(self.grid_box)
         layout.addStretch(1)
+
+    def show_machine(self, name: str) -> None:
+        """Watch another machine (this computer, or a rig): its cards' tiles and history start afresh."""
+        self.machine.setText(f"<b>{name}</b>")
+        for tile in self.tiles.values():
+            self.grid.removeWidget(tile)
+            tile.deleteLater()
+        self.tiles = {}
+        self.alerts = AlertState()
+        self.summary.setText("")
+        self.empty.setText("Waiting for the first reading...")
+        self.empty.setVisible(True)
+        self.grid_box.setVisible(False)
 
     def set_model(self, cards: tuple[int, ...]) -> None:
         self.model_cards = cards

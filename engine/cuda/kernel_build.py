@@ -36,9 +36,8 @@ from engine.cuda.fatbin import Nvfatbin
 from engine.cuda.nvrtc import Nvrtc, significant_warnings
 from engine.cuda.ptxas import KernelResources, assemble
 from engine.cuda.toolkit import Toolchain, find_toolchains
-from engine.paths import REPO_ROOT, RESOURCES_DIR, user_data_dir
+from engine.paths import CUDA_SRC_DIR, RESOURCES_DIR, user_data_dir
 
-CUDA_SRC_DIR = REPO_ROOT / "cuda_src"
 PACKAGED_KERNEL_DIR = RESOURCES_DIR / "kernels"
 KERNEL_DIR_ENV = "RIGLLM_KERNEL_DIR"
 SASS_ARCHS = (70, 75, 80, 86, 89, 90)

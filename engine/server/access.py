@@ -1,4 +1,4 @@
-"""Who may call the server: the API key (given, or read from the OS keyring) and CORS origins.
+"""Who may call the server: the API key (given, read from a file, or from the OS keyring) and CORS origins.
 
 The keyring keeps the key out of shell history and process listings; the origin check catches the
 one mistake that silently breaks CORS (a trailing slash or path never matches a browser's Origin).
@@ -27,6 +27,18 @@ def key_from_keyring() -> str:
     if not key:
         raise RigllmError(f"no API key in the keyring (service '{KEYRING_SERVICE}', user '{KEYRING_USER}'); "
                           f"store one with: keyring set {KEYRING_SERVICE} {KEYRING_USER}")
+    return key
+
+
+def key_from_file(path: str) -> str:
+    """The first line of `path` (e.g. a systemd credential); a one-line RigllmError when unreadable or empty."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            key = fh.readline().strip()
+    except OSError as err:
+        raise RigllmError(f"cannot read the API key file {path}: {err.strerror or err}") from None
+    if not key:
+        raise RigllmError(f"the API key file {path} is empty")
     return key
 
 

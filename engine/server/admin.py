@@ -1,13 +1,17 @@
 """The admin API beside the OpenAI one: plan, load/unload with progress, card telemetry, recent logs.
 
-It is what a headless rig is driven by from the desktop app ("Connect to rig"). Mounted inside
-`create_app`, so the same API-key middleware guards `/admin/*` as the OpenAI routes. Plans are
+It is what a headless rig is driven by from the desktop app ("Connect to rig"). Included in the app
+that `create_app` makes (`rigllm serve` does), so the same API-key middleware guards `/admin/*` as
+the OpenAI routes. Plans are
 exactly `rigllm info --json`'s (`engine.gguf.info.describe`), so the app, the CLI and the remote rig
 show one verdict.
 
     GET  /admin/plan?model=PATH&context=N&kv=FORMAT   planner verdict for 1-4 cards (default: the loaded model)
+    GET  /admin/inspect?model=PATH                    the file's name and footprint (default: the demo model),
+                                                      which the app prices on the rig's cards like a local file
     GET  /admin/load                                  load state and per-card progress
     POST /admin/load   {"model": PATH, "context": N, "backend": "auto|reference|cuda"}  202, then poll
+                       (no "model": the generated demo model, as `rigllm serve` without one)
     POST /admin/load/cancel                           stop a load in flight (the backend frees what it took)
     POST /admin/unload                                finish running requests, free the cards
     GET  /admin/cards                                 NVML telemetry, cards in PCI bus order
@@ -28,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.errors import RigllmError
 from engine.generation.backend import BACKEND_CHOICES
 from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
-from engine.server.admin_host import ModelHost
+from engine.server.admin_footprint import footprint_to_json
+from engine.server.admin_host import DEMO_LABEL, ModelHost
 from engine.server.admin_logs import LogRing
 from engine.server.api_errors import APIError
 from engine.telemetry import TelemetrySource
@@ -38,7 +43,7 @@ MAX_LOG_RECORDS = 2000
 
 class LoadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: str = Field(description="path of a qwen35 GGUF on the server")
+    model: str | None = Field(default=None, description="path of a qwen35 GGUF on the server (default: the demo model)")
     context: int | None = Field(default=None, ge=2, description="tokens one conversation may hold")
     backend: str | None = Field(default=None, description=f"one of {', '.join(BACKEND_CHOICES)}")
 
@@ -61,13 +66,31 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
         except RigllmError as err:
             raise APIError(400, str(err), param="model") from None
 
+    def inspect(model: str | None = None) -> dict[str, Any]:
+        from engine.gguf.demo_model import ensure_demo_model
+        from engine.gguf.loader import load_model
+        from engine.generation.model_footprint import footprint_of
+
+        try:
+            loaded = load_model(model or ensure_demo_model())
+        except RigllmError as err:
+            raise APIError(400, str(err), param="model") from None
+        return {"path": str(loaded.path), "demo": model is None,
+                "name": loaded.file.fields.get("general.name", loaded.path.stem),
+                "footprint": footprint_to_json(footprint_of(loaded))}
+
     def load_status() -> dict[str, Any]:
         return host.status()
 
     def load(req: LoadRequest) -> JSONResponse:
         if req.backend is not None and req.backend not in BACKEND_CHOICES:
             raise APIError(400, f"backend must be one of {', '.join(BACKEND_CHOICES)}", param="backend")
-        host.start_load(req.model, req.context, req.backend)
+        if req.model is None:
+            from engine.gguf.demo_model import ensure_demo_model
+
+            host.start_load(ensure_demo_model(), req.context, req.backend, label=DEMO_LABEL)
+        else:
+            host.start_load(req.model, req.context, req.backend)
         return JSONResponse(host.status(), status_code=202)
 
     def cancel_load() -> dict[str, Any]:
@@ -95,6 +118,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
     # Plain `def` routes run in FastAPI's thread pool: loading a header, unloading (which waits for running
     # requests) and NVML reads block, and must not stall the event loop that streams tokens.
     router.add_api_route("/plan", plan, methods=["GET"])
+    router.add_api_route("/inspect", inspect, methods=["GET"])
     router.add_api_route("/load", load_status, methods=["GET"])
     router.add_api_route("/load", load, methods=["POST"], status_code=202)
     router.add_api_route("/load/cancel", cancel_load, methods=["POST"])

@@ -5,7 +5,8 @@ builds the `ModelService` and a `GenerationWorker` whose thread opens the backen
 owns the cards), and records progress that `GET /admin/load` reports. Loading runs on its own thread
 so the request that started it returns at once. Unloading stops the worker, which finishes the
 requests it is running and closes the backend, freeing the cards, before anything else loads:
-two models never hold the cards at the same time.
+two models never hold the cards at the same time. The host is the `ModelSource` that `create_app`'s
+routes serve from.
 """
 
 from __future__ import annotations
@@ -24,17 +25,19 @@ from engine.generation.load_progress import LoadCancelled, LoadProgress, Progres
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.api_errors import APIError
 from engine.server.model_service import ModelService
-from engine.server.worker import GenerationWorker
+from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS, GenerationWorker
 
 log = logging.getLogger("rigllm.admin")
 
 EMPTY, LOADING, LOADED, UNLOADING, FAILED = "empty", "loading", "loaded", "unloading", "failed"
+DEMO_LABEL = "demo model (random weights, its output is gibberish)"
 
-BackendOpener = Callable[[str, LoadedModel, int, ProgressCallback], Backend]
+# (backend name, model, context, slots, progress callback) -> the opened backend
+BackendOpener = Callable[[str, LoadedModel, int, int, ProgressCallback], Backend]
 
 
-def open_with_progress(name: str, loaded: LoadedModel, context: int, progress: ProgressCallback) -> Backend:
-    return open_backend(name, loaded, context=context, progress=progress)
+def open_with_progress(name: str, loaded: LoadedModel, context: int, slots: int, progress: ProgressCallback) -> Backend:
+    return open_backend(name, loaded, context=context, progress=progress, slots=slots)
 
 
 @dataclass
@@ -49,11 +52,13 @@ class ModelHost:
     """Owner of the loaded model. Thread-safe; `service`/`worker` may change between two calls."""
 
     def __init__(self, backend: str = "auto", max_queue: int = 16, opener: BackendOpener = open_with_progress,
-                 worker_options: dict[str, Any] | None = None):
+                 slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
+        """`slots` and `prefix_cache_bytes` apply to every model loaded (see `GenerationWorker`)."""
         self.backend = backend
         self.max_queue = max_queue
+        self.slots = slots
+        self.prefix_cache_bytes = prefix_cache_bytes
         self._opener = opener
-        self._worker_options = worker_options or {}
         self._lock = threading.Lock()
         self._current: _Loaded | None = None
         self._state = EMPTY
@@ -161,7 +166,8 @@ class ModelHost:
         return True
 
     def close(self) -> None:
-        """Shutdown: wait for a load in flight, then unload."""
+        """Shutdown: cancel a load in flight (its backend frees what it took), then unload."""
+        self.cancel_load()
         self.wait()
         with self._lock:
             loaded = self._current is not None
@@ -207,6 +213,8 @@ class ModelHost:
     def _load(self, path: Path, context: int | None, backend: str, label: str) -> None:
         self._set_stage(f"validating {path.name}")
         loaded = load_model(path)
+        if self._cancel.is_set():  # cancelled while validating: nothing is allocated yet
+            raise LoadCancelled("the load was cancelled")
         native = loaded.config.context_length
         ctx = min(context or native, native)
         if ctx < 2:
@@ -216,8 +224,9 @@ class ModelHost:
             self._set_stage("unloading the previous model")
             self._release()
         self._set_stage(f"opening the {backend} backend")
-        worker = GenerationWorker(lambda: self._opener(backend, loaded, ctx, self._on_progress), service.tokenizer,
-                                  self.max_queue, **self._worker_options)
+        worker = GenerationWorker(lambda: self._opener(backend, loaded, ctx, self.slots, self._on_progress),
+                                  service.tokenizer, self.max_queue, slots=self.slots,
+                                  prefix_cache_bytes=self.prefix_cache_bytes)
         worker.start()
         with self._lock:
             self._current = _Loaded(service, worker, ctx, label)

@@ -1,7 +1,10 @@
 """The FastAPI application: routes (with and without `/v1`), API-key check, OpenAI-shaped errors.
 
 Requests are validated and turned into jobs on the event loop (prompt rendering in a thread), then
-handed to the single generation worker; responses are read from the job's event queue.
+handed to the single generation worker; responses are read from the job's event queue. The routes
+ask a `ModelSource` for the model on every request: `rigllm serve`'s `ModelHost` loads, replaces and
+unloads models while serving (503 while none is loaded), the desktop app's toggle serves the one
+model it has open (`FixedModel`).
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -33,9 +37,39 @@ def _presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def create_app(service: ModelService, worker: GenerationWorker, api_key: str | None = None,
-               label: str = "", cors_origins: Sequence[str] = ()) -> FastAPI:
-    """`label` is shown by /health (e.g. that the model is the random-weight demo).
+class ModelSource(Protocol):
+    """Where the routes find the model to serve; its `label` (e.g. that the model is the random-weight
+    demo) is shown by /health."""
+
+    @property
+    def current(self) -> tuple[ModelService, GenerationWorker] | None:
+        """The loaded model's service and worker, None while none is loaded."""
+
+    @property
+    def label(self) -> str: ...
+
+    def require(self) -> tuple[ModelService, GenerationWorker]:
+        """`current`, or an APIError (503) that says why there is none."""
+
+
+@dataclass(frozen=True)
+class FixedModel:
+    """One model that stays loaded for the app's lifetime (its owner stops the worker)."""
+
+    service: ModelService
+    worker: GenerationWorker
+    label: str = ""
+
+    @property
+    def current(self) -> tuple[ModelService, GenerationWorker]:
+        return self.service, self.worker
+
+    def require(self) -> tuple[ModelService, GenerationWorker]:
+        return self.current
+
+
+def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = ()) -> FastAPI:
+    """Routes serve whatever model `models` holds at the time of each request.
 
     `cors_origins` lets browser front ends on those origins call the API; without it no CORS headers
     are sent, so a web page the user happens to visit cannot use their local model.
@@ -60,22 +94,29 @@ def create_app(service: ModelService, worker: GenerationWorker, api_key: str | N
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
 
-    def model_card() -> dict[str, Any]:
+    def model_card(service: ModelService) -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
 
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+    async def list_models() -> dict[str, Any]:
+        now = models.current
+        return {"object": "list", "data": [model_card(now[0])] if now else []}
 
     async def one_model(model_id: str) -> dict[str, Any]:
+        service, _ = models.require()
         service.check_model(model_id)
-        return model_card()
+        return model_card(service)
 
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": service.model_id, "label": label, "backend": worker.backend_name,
+        now = models.current
+        if now is None:  # the server is up and can be told to load a model (POST /admin/load)
+            return {"status": "no_model", "model": None}
+        service, worker = now
+        return {"status": "ok", "model": service.model_id, "label": models.label, "backend": worker.backend_name,
                 "context_length": service.context_length, "slots": worker.slot_count, "active": worker.active,
                 "busy": worker.busy, "queued": worker.waiting}
 
-    async def run(job: Job, sink: AsyncSink, shape: CompletionShape, stream: bool, include_usage: bool):
+    async def run(worker: GenerationWorker, job: Job, sink: AsyncSink, shape: CompletionShape, stream: bool,
+                  include_usage: bool):
         try:
             worker.submit(job)
         except QueueFull as err:
@@ -89,22 +130,26 @@ def create_app(service: ModelService, worker: GenerationWorker, api_key: str | N
         return JSONResponse(result)
 
     async def chat_completions(req: ChatCompletionRequest):
+        service, worker = models.require()
         sink = AsyncSink(asyncio.get_running_loop())
         job = await asyncio.to_thread(service.chat_job, req, sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(job, sink, CompletionShape(service.model_id, chat=True), bool(req.stream), include_usage)
+        return await run(worker, job, sink, CompletionShape(service.model_id, chat=True), bool(req.stream),
+                         include_usage)
 
     async def completions(req: CompletionRequest):
+        service, worker = models.require()
         sink = AsyncSink(asyncio.get_running_loop())
         job = await asyncio.to_thread(service.completion_job, req, sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(job, sink, CompletionShape(service.model_id, chat=False), bool(req.stream), include_usage)
+        return await run(worker, job, sink, CompletionShape(service.model_id, chat=False), bool(req.stream),
+                         include_usage)
 
     for prefix in ("/v1", ""):
-        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+        app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
         app.add_api_route(f"{prefix}/models/{{model_id}}", one_model, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/health", health, methods=["GET"])
-    add_tokenize_routes(app, service)
+    add_tokenize_routes(app, lambda: models.require()[0])
     return app

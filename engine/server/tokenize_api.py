@@ -7,6 +7,7 @@ and never refuses a prompt for being longer than the context (that number is wha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -68,17 +69,18 @@ def detokenize(service: ModelService, req: DetokenizeRequest) -> dict[str, Any]:
     return {"content": service.tokenizer.decode(req.tokens)}
 
 
-def add_tokenize_routes(app: FastAPI, service: ModelService) -> None:
-    """Both routes with and without the `/v1` prefix, like every other route.
+def add_tokenize_routes(app: FastAPI, service: Callable[[], ModelService]) -> None:
+    """Both routes with and without the `/v1` prefix, like every other route; `service()` is the model
+    loaded at the time of the request (it raises the 503 when there is none).
 
     Plain functions, so FastAPI runs them in its thread pool: a long text must not stall other streams.
     """
 
     def tokenize_route(req: TokenizeRequest) -> dict[str, Any]:
-        return tokenize(service, req)
+        return tokenize(service(), req)
 
     def detokenize_route(req: DetokenizeRequest) -> dict[str, Any]:
-        return detokenize(service, req)
+        return detokenize(service(), req)
 
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/tokenize", tokenize_route, methods=["POST"])

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import openai
@@ -20,9 +20,10 @@ import uvicorn
 
 from engine.generation.backend import Backend, open_backend
 from engine.gguf.loader import LoadedModel
+from engine.server.admin_host import ModelHost
 from engine.server.app import create_app
 from engine.server.model_service import ModelService
-from engine.server.worker import DEFAULT_SLOTS, GenerationWorker
+from engine.server.worker import DEFAULT_SLOTS
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,18 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
                 api_key: str | None = None, max_queue: int = 16,
                 cors_origins: Sequence[str] = (), context_length: int | None = None,
                 slots: int = DEFAULT_SLOTS) -> Iterator[LiveServer]:
-    """`context_length` below the model's keeps fuzzed requests short (generation stops at the context)."""
-    service = ModelService.from_loaded(loaded)
-    if context_length is not None:
-        service = replace(service, context_length=context_length)
-    worker = GenerationWorker(open_backend, service.tokenizer, max_queue=max_queue, slots=slots)
-    worker.start()
+    """`context_length` below the model's keeps fuzzed requests short (generation stops at the context).
+
+    The app serves from a `ModelHost`, as `rigllm serve` does; `open_backend` replaces its backend opener.
+    """
+    host = ModelHost(max_queue=max_queue, opener=lambda _name, _loaded, _context, _slots, _progress: open_backend(),
+                     slots=slots)
+    host.load(loaded.path, context=context_length)
+    service, _ = host.require()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service, worker, api_key, cors_origins=cors_origins), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(host, api_key, cors_origins=cors_origins), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -71,7 +74,7 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
         server.should_exit = True
         thread.join(timeout=20)
         sock.close()
-        worker.stop()
+        host.close()
 
 
 class ScriptedBackend:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
 import time
 from types import SimpleNamespace
@@ -12,11 +14,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.cli import main
+from engine.commands.serve import stop_requests
+from engine.errors import RigllmError
 from engine.generation.backend import open_backend
 from engine.generation.load_progress import LoadProgress
 from engine.gguf.demo_model import ensure_demo_model
+from engine.generation.model_footprint import footprint_of
+from engine.gguf.loader import load_model
 from engine.server.admin import admin_router
-from engine.server.admin_host import ModelHost
+from engine.server.admin_footprint import footprint_from_json
+from engine.server.admin_host import DEMO_LABEL, ModelHost
 from engine.server.admin_logs import LogRing, install_log_ring, remove_log_ring
 from engine.server.app import create_app
 from engine.telemetry import FakeSource, cmp_100_210
@@ -29,13 +36,13 @@ def reporting_opener(gate: threading.Event):
     """Opens the reference backend after reporting two cards' upload progress (as the CUDA backend does);
     waits for `gate` halfway."""
 
-    def opener(name, loaded, context, progress):
+    def opener(name, loaded, context, slots, progress):
         for card in (0, 1):
             progress(LoadProgress(card, "uploading weights", 50, 100, 0.5))
         assert gate.wait(20)
         for card in (0, 1):
             progress(LoadProgress(card, "ready", 100, 100, 1.0))
-        return open_backend("reference", loaded, context=context)
+        return open_backend("reference", loaded, context=context, slots=slots)
 
     return opener
 
@@ -48,8 +55,7 @@ def rig():
     gate.set()
     host = ModelHost(backend="reference", opener=reporting_opener(gate))
     host.load(ensure_demo_model(), label="demo")
-    service, worker = host.require()
-    app = create_app(service, worker, KEY)
+    app = create_app(host, KEY)
     app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), ring))
     with TestClient(app) as client:
         yield SimpleNamespace(client=client, host=host, gate=gate)
@@ -175,3 +181,73 @@ def test_the_log_ring_keeps_only_the_newest_records():
     assert [r["message"].splitlines()[0] for r in records] == ["record 3", "record 4", "it failed"]
     assert "ValueError: boom" in records[-1]["message"] and records[-1]["level"] == "ERROR"
     assert ring.recent(1, logging.ERROR) == records[-1:]
+
+
+def test_chat_follows_the_loaded_model(rig):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    r = rig.client.post("/v1/chat/completions", json=chat, headers=AUTH)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+    assert rig.client.post("/admin/unload", headers=AUTH).json()["state"] == "empty"
+    gone = rig.client.post("/v1/chat/completions", json=chat, headers=AUTH)
+    assert gone.status_code == 503 and gone.json()["error"]["code"] == "model_not_loaded"
+    assert rig.client.post("/v1/tokenize", json={"content": "hi"}, headers=AUTH).status_code == 503
+    assert rig.client.get("/v1/models", headers=AUTH).json()["data"] == []
+    assert rig.client.get("/health").json() == {"status": "no_model", "model": None}
+    rig.client.post("/admin/load", json={"context": 256}, headers=AUTH)  # no model: the demo model
+    done = wait_for(rig.client, "loaded")
+    assert done["label"] == DEMO_LABEL and done["path"] == str(ensure_demo_model())
+    assert rig.client.post("/v1/chat/completions", json=chat, headers=AUTH).status_code == 200
+    health = rig.client.get("/health").json()
+    assert health["context_length"] == 256 and health["label"] == DEMO_LABEL
+
+
+def test_inspect_sends_the_footprint_the_app_plans_with(rig, tmp_path):
+    r = rig.client.get("/admin/inspect", headers=AUTH)  # no model: the demo model
+    assert r.status_code == 200 and r.json()["demo"] is True and r.json()["path"] == str(ensure_demo_model())
+    assert footprint_from_json(r.json()["footprint"]) == footprint_of(load_model(ensure_demo_model()))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 10)
+    refused = rig.client.get("/admin/inspect", params={"model": str(bad)}, headers=AUTH)
+    assert refused.status_code == 400 and "bad.gguf" in refused.json()["error"]["message"]
+
+
+def test_a_stop_signal_during_the_startup_load_cancels_it():
+    """`rigllm serve`'s preload under `stop_requests`: SIGTERM mid-load cancels it and frees the backend,
+    and the process's handlers are back as they were afterwards."""
+    gate = threading.Event()
+    host = ModelHost(backend="reference", opener=reporting_opener(gate))
+    stopping = threading.Event()
+
+    def stop_midway() -> None:
+        deadline = time.monotonic() + 30
+        while host.status()["done_bytes"] != 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        stopping.wait(30)  # the handler ran (on the main thread) before the load may go on
+        gate.set()
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=stop_midway, daemon=True).start()
+    with stop_requests(stopping, host.cancel_load):
+        with pytest.raises(RigllmError, match="cancelled"):
+            host.load(ensure_demo_model())
+    assert stopping.is_set() and host.current is None and host.status()["state"] == "failed"
+    assert signal.getsignal(signal.SIGTERM) is before
+    host.close()
+
+
+def test_the_systemd_unit_uses_only_options_rigllm_serve_knows():
+    import argparse
+    import re
+    from pathlib import Path
+
+    from engine.commands import serve
+
+    unit = (Path(__file__).resolve().parents[2] / "packaging" / "systemd" / "rigllm.service").read_text()
+    command = re.search(r"^ExecStart=((?:.*\\\n)*.*)$", unit, re.MULTILINE).group(1)
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    known = parser._subparsers._group_actions[0].choices["serve"]._option_string_actions
+    used = re.findall(r"(?<!\S)(--[a-z-]+)", command)
+    assert {"--api-key-file", "--shutdown-timeout", "--backend"} <= set(used)
+    assert [option for option in used if option not in known] == []

@@ -1,10 +1,13 @@
 """Desktop-app tests run on Qt's offscreen platform (no display, no system packages beyond pip)."""
 
 import os
+import socket
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"  # must be set before anything imports Qt
 
+import keyring  # noqa: E402
 import pytest  # noqa: E402
+from keyring.backend import KeyringBackend  # noqa: E402
 from PySide6.QtCore import QObject, QSettings  # noqa: E402
 
 from engine.telemetry import FakeSource, cmp_100_210  # noqa: E402
@@ -79,3 +82,35 @@ class Recorder(QObject):
 
     def record(self, *args) -> None:
         self.calls.append(args)
+
+
+class MemoryKeyring(KeyringBackend):
+    priority = 1
+
+    def __init__(self):
+        super().__init__()
+        self.values: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service, username):
+        return self.values.get((service, username))
+
+    def set_password(self, service, username, password):
+        self.values[(service, username)] = password
+
+    def delete_password(self, service, username):
+        self.values.pop((service, username), None)
+
+
+@pytest.fixture
+def memory_keyring():
+    old = keyring.get_keyring()
+    ring = MemoryKeyring()
+    keyring.set_keyring(ring)
+    yield ring
+    keyring.set_keyring(old)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,44 +4,12 @@ from __future__ import annotations
 
 import socket
 
-import keyring
 import openai
 import pytest
-from keyring.backend import KeyringBackend
+
+from conftest import free_port
 
 from engine.server.access import KEYRING_SERVICE, KEYRING_USER, key_from_keyring
-
-
-class MemoryKeyring(KeyringBackend):
-    priority = 1
-
-    def __init__(self):
-        super().__init__()
-        self.values: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service, username):
-        return self.values.get((service, username))
-
-    def set_password(self, service, username, password):
-        self.values[(service, username)] = password
-
-    def delete_password(self, service, username):
-        self.values.pop((service, username), None)
-
-
-@pytest.fixture
-def memory_keyring():
-    old = keyring.get_keyring()
-    ring = MemoryKeyring()
-    keyring.set_keyring(ring)
-    yield ring
-    keyring.set_keyring(old)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_toggle_serves_a_request_with_the_stored_key(qtbot, window, memory_keyring):

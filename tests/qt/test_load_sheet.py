@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from conftest import Recorder
@@ -14,7 +15,7 @@ from engine.generation.model_footprint import footprint_for
 from engine.gguf.shapes import shape_config
 
 from app.model_loader import ModelLoader
-from app.ui.load_sheet import Inspected, LoadSheet, find_mmproj
+from app.ui.load_sheet import LoadSheet, find_mmproj
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def sheet(qtbot, rig, loader):
 
 
 def show_27b(sheet: LoadSheet) -> None:
-    sheet.show_model(Inspected(sheet.inspected.path, sheet.inspected.loaded, footprint_for(shape_config("27b"))))
+    sheet.show_model(replace(sheet.inspected, footprint=footprint_for(shape_config("27b"))))
 
 
 def free_bytes(sheet: LoadSheet) -> list[int]:

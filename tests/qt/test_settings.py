@@ -8,6 +8,7 @@ from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
 
 from app import settings as settings_io
+from app.chat_engine import prompt_messages
 from app.settings import SETTINGS_VERSION, AppSettings
 from app.theme import apply_theme
 from app.ui.settings_dialog import SettingsDialog
@@ -82,5 +83,5 @@ def test_dialog_refuses_invalid_sampling(qtbot):
 
 def test_the_system_prompt_reaches_the_model(qtbot, window):
     window.settings = replace(window.settings, presets={"Test": "You are a test."}, system_preset="Test")
-    messages = window.engine.prompt_messages([], window.settings)
+    messages = prompt_messages([], window.settings)
     assert messages == [{"role": "system", "content": "You are a test."}]

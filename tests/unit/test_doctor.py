@@ -146,6 +146,7 @@ def test_kernel_check_builds_for_each_card_architecture():
 
 def test_kernel_check_without_any_nvrtc(monkeypatch):
     monkeypatch.setattr("engine.diagnostics.kernel_checks.find_toolchains", lambda: [])
+    monkeypatch.setattr("engine.diagnostics.kernel_checks._prebuilt_modules", lambda arch: 0)
     assert severities(kernel_check([]))[0][0] == WARNING
     problems = severities(kernel_check([70]))
     assert problems[0][0] == ERROR and "no NVRTC here targets sm_70" in problems[0][1]

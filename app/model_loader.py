@@ -15,6 +15,7 @@ from pathlib import PurePath
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
+from engine.cuda.pipeline import CardSpec
 from engine.generation.backend import open_backend
 from engine.generation.load_progress import LoadCancelled, LoadProgress
 from engine.gguf.demo_model import ensure_demo_model
@@ -25,22 +26,6 @@ from engine.server.worker import GenerationWorker
 from app.chat_engine import ChatEngine, ModelInfo
 
 DEMO_LABEL = "demo model, random weights: output is gibberish"
-# What `open_backend` can be asked for today: one card (CUDA device 0) and fp16 KV. The sheet plans
-# any card set and KV format, says when the load will differ, and the status line shows what loaded.
-ENGINE_KV_FORMAT = "f16"
-ENGINE_CARDS = (0,)
-
-
-def engine_differences(request: "LoadRequest") -> list[str]:
-    """How the engine's load will differ from the plan the user chose (empty when it will not)."""
-    notes = []
-    if request.kv_format != ENGINE_KV_FORMAT:
-        notes.append(f"the engine loads with {ENGINE_KV_FORMAT} KV for now (plan shown for {request.kv_format})")
-    if request.cards and tuple(request.cards) != ENGINE_CARDS:
-        notes.append("the CUDA backend runs on card 0 only for now (multi-card placement is not wired yet)")
-    return notes
-
-
 @dataclass(frozen=True)
 class LoadRequest:
     path: PurePath | None  # None: the generated demo model (the rig's own, for a remote load); a path on the rig there
@@ -111,11 +96,12 @@ class ModelLoader(QObject):
         context = request.context or loaded.config.context_length
         service = ModelService.from_loaded(loaded)
         service.context_length = context
-        worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context,
-                                                       progress=self._progress), service.tokenizer)
+        cards = [CardSpec(i) for i in request.cards] if request.cards else None  # PCI bus order = CUDA order
+        worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context, progress=self._progress,
+                                                       kv=request.kv_format, cards=cards), service.tokenizer)
         self.stage.emit("opening the backend")
         worker.start()
         label = DEMO_LABEL if request.path is None else ""
-        info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, ENGINE_KV_FORMAT,
-                         ENGINE_CARDS if worker.backend_name == "cuda" else ())
+        info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, request.kv_format,
+                         (tuple(request.cards) or (0,)) if worker.backend_name == "cuda" else ())
         return ChatEngine(loaded, service, worker, info)

@@ -22,7 +22,7 @@ from engine.generation.load_progress import LoadProgress
 from engine.server.admin_host import LOADED, LOADING, UNLOADING
 
 from app.chat_engine import ModelInfo
-from app.model_loader import ENGINE_CARDS, ENGINE_KV_FORMAT, LoadRequest
+from app.model_loader import LoadRequest
 from app.remote_engine import RemoteChatEngine
 from app.rig_client import RigClient, RigLink
 
@@ -33,8 +33,10 @@ def remote_info(link: RigLink, status: dict[str, Any]) -> ModelInfo:
     """The status line's facts for the rig's loaded model; its label says which rig it runs on."""
     label = f"on rig {link.name}" + (f" · {status['label']}" if status["label"] else "")
     backend = status["backend"]
-    return ModelInfo(status["model"], label, backend, status["context"], ENGINE_KV_FORMAT,
-                     ENGINE_CARDS if backend == "cuda" else ())
+    # The rig's KV format and cards are set by its `rigllm serve` options, which /admin/load does not report
+    # yet; the status line shows the defaults (fp16, card 0) until it does.
+    return ModelInfo(status["model"], label, backend, status["context"], status.get("kv", "f16"),
+                     tuple(status.get("cards", (0,))) if backend == "cuda" else ())
 
 
 def progress_of(card: dict[str, Any]) -> LoadProgress:

@@ -29,7 +29,7 @@ from engine.gguf.loader import load_model
 from engine.telemetry import CardSample
 
 from app.budget import CONTEXT_STEP, Budget, Fix, budget, max_context, profile_of
-from app.model_loader import LoadRequest, ModelLoader, engine_differences
+from app.model_loader import LoadRequest, ModelLoader
 from app.remote_loader import RemoteModelLoader
 from app.rig_client import RigLink
 from app.ui.budget_bars import BudgetBars, legend
@@ -340,7 +340,6 @@ class LoadSheet(QDialog):
             button.clicked.connect(lambda _=False, f=fix: self.apply_fix(f))
             self.fix_row.addWidget(button)
         notes = list(result.plan.notes) if result.plan else []
-        notes += engine_differences(self.request())
         self.notes.setText("\n".join(notes))
         self.load_button.setEnabled(result.fits and not self.loading)
         self.anyway_button.setVisible(not result.fits)

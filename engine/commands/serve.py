@@ -8,6 +8,7 @@ a GPU and whatever the model can be made to say.
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import logging
 import signal
@@ -16,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from engine.commands.placement_args import add_placement_args, placement_options
 from engine.generation.backend import BACKEND_CHOICES
 from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
 
@@ -40,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="let browser pages from ORIGIN call the API (repeatable; default: no CORS headers)")
     p.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait before 503 (default 16)")
     p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
+    add_placement_args(p)
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
                    help=f"requests decoded together (default {DEFAULT_SLOTS}; on a GPU each holds a KV cache of --context tokens)")
     p.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
@@ -118,14 +121,16 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.gguf.demo_model import ensure_demo_model
     from engine.server.admin import admin_router
-    from engine.server.admin_host import DEMO_LABEL, ModelHost
+    from engine.server.admin_host import DEMO_LABEL, ModelHost, open_with_progress
     from engine.server.admin_logs import install_log_ring
     from engine.server.app import create_app
     from engine.telemetry import open_source
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     ring = install_log_ring()  # also raises rigllm's loggers to INFO: loads and unloads reach the journal
-    host = ModelHost(args.backend, args.max_queue, slots=args.slots, prefix_cache_bytes=args.prefix_cache_mb << 20)
+    placement = placement_options(args)
+    host = ModelHost(args.backend, args.max_queue, slots=args.slots, prefix_cache_bytes=args.prefix_cache_mb << 20,
+                     opener=functools.partial(open_with_progress, **placement))
     telemetry = open_source()
     stopping = threading.Event()
     url = f"http://{args.host}:{args.port}/v1"

@@ -20,6 +20,7 @@ using a card then raises a clear `CudaError`.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -41,7 +42,12 @@ class CudaError(RigllmError):
 
 
 def _cuda() -> Any:
-    """pycuda.driver, initialised; a `CudaError` that says what to install when it is missing."""
+    """pycuda.driver, initialised; a `CudaError` that says what to install when it is missing.
+
+    CUDA numbers GPUs fastest first by default; PCI bus order makes card i the card NVML, nvidia-smi,
+    `rigllm doctor` and the app's rig monitor call card i.
+    """
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     try:
         import pycuda.driver as cuda
     except ImportError as err:

@@ -36,8 +36,10 @@ DEMO_LABEL = "demo model (random weights, its output is gibberish)"
 BackendOpener = Callable[[str, LoadedModel, int, int, ProgressCallback], Backend]
 
 
-def open_with_progress(name: str, loaded: LoadedModel, context: int, slots: int, progress: ProgressCallback) -> Backend:
-    return open_backend(name, loaded, context=context, progress=progress, slots=slots)
+def open_with_progress(name: str, loaded: LoadedModel, context: int, slots: int, progress: ProgressCallback,
+                       **placement: Any) -> Backend:
+    """`placement`: the cards, layer split and KV format (`open_backend`'s kv, cards, split)."""
+    return open_backend(name, loaded, context=context, progress=progress, slots=slots, **placement)
 
 
 @dataclass

@@ -67,7 +67,7 @@ def shot(widget: QWidget, out: Path, name: str) -> None:
 
 def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    app = QApplication(sys.argv[:1])
+    qt_app = QApplication(sys.argv[:1])  # noqa: F841 (must stay alive while windows exist)
     source = FakeSource([cmp_100_210(i, memory_used=(310 + 900 * (i == 1)) << 20) for i in range(3)])
     source.set_card(2, temperature_c=88, hbm_temperature_c=93)
     store = ChatStore(chats_path())

@@ -9,7 +9,6 @@ the loader uses.
 
 from __future__ import annotations
 
-import os
 import resource
 import time
 from pathlib import Path

@@ -41,15 +41,20 @@ CHUNK_ELEMENTS = 1 << 22  # values per row chunk of a vocabulary matrix (16 MiB 
 Progress = Callable[[str, int, int], None]  # (tensor name, tensors done, tensor count)
 
 
-def read_hf_config(hf_dir: Path) -> dict:
-    """config.json with the text config merged to the top level (as the converter sees it)."""
+def read_config_json(hf_dir: Path) -> dict:
+    """An HF model folder's config.json as it is, with one-line errors for a missing or broken file."""
     path = hf_dir / "config.json"
     if not path.is_file():
         raise ModelFileError(f"{hf_dir}: no config.json (is this an HF model folder?)")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except ValueError as err:
         raise ModelFileError(f"{path}: not valid JSON ({err})") from None
+
+
+def read_hf_config(hf_dir: Path) -> dict:
+    """config.json with the text config merged to the top level (as the converter sees it)."""
+    raw = read_config_json(hf_dir)
     archs = raw.get("architectures") or []
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ModelFileError(

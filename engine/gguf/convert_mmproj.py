@@ -20,6 +20,7 @@ from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter, LlamaFile
 from gguf.quants import quantize
 
 from engine.errors import ModelFileError
+from engine.gguf.convert import read_config_json
 from engine.gguf.gguf_stream import PlannedTensor, TensorStream
 from engine.gguf.metadata import FILE_TYPES
 from engine.gguf.mmproj import CLIP_ARCH
@@ -49,13 +50,7 @@ PATCH_KERNEL = "visual.patch_embed.proj.weight"
 
 def read_vision_config(hf_dir: Path) -> tuple[dict, VisionConfig]:
     """The raw config.json and the vision tower's `VisionConfig`; refuses folders without one."""
-    path = hf_dir / "config.json"
-    if not path.is_file():
-        raise ModelFileError(f"{hf_dir}: no config.json (is this an HF model folder?)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise ModelFileError(f"{path}: not valid JSON ({err})") from None
+    raw = read_config_json(hf_dir)
     if MMPROJ_ARCHITECTURE not in (raw.get("architectures") or []) or "vision_config" not in raw:
         raise ModelFileError(
             f"{hf_dir}: has no vision tower (needs a {MMPROJ_ARCHITECTURE} checkpoint with a vision_config)"

@@ -5,23 +5,10 @@ import openai
 import pytest
 
 from engine.cli import main
-from engine.gguf.demo_model import ensure_demo_model
-from engine.gguf.loader import load_model
 from api_fixtures import live_server, model_backend
 
 HELLO = [{"role": "user", "content": "Hello"}]
 KEY = "sk-test-key"
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model(ensure_demo_model())
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with live_server(loaded, model_backend(loaded)) as live:
-        yield live
 
 
 @pytest.fixture(scope="module")

@@ -13,29 +13,11 @@ import pytest
 
 from engine.generation.json_constraint import START_STATE, run
 from engine.generation.tokenizer import Tokenizer
-from engine.gguf.demo_model import ensure_demo_model
-from engine.gguf.loader import load_model
-from api_fixtures import ScriptedBackend, live_server, model_backend
+from api_fixtures import ScriptedBackend, live_server
 
 HELLO = [{"role": "user", "content": "Describe a cat as JSON"}]
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 JSON = {"type": "json_object"}
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return load_model(ensure_demo_model())
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with live_server(loaded, model_backend(loaded)) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return server.client()
 
 
 def chat(client, server, **kwargs):

@@ -10,24 +10,9 @@ import math
 import openai
 import pytest
 
-from engine.gguf.demo_model import ensure_demo_model
-from engine.gguf.loader import load_model
-from api_fixtures import live_server, model_backend
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
-
-
-@pytest.fixture(scope="module")
-def server():
-    loaded = load_model(ensure_demo_model())
-    with live_server(loaded, model_backend(loaded)) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return server.client()
 
 
 def chat(client, server, **kwargs):

@@ -3,18 +3,8 @@
 import httpx
 import pytest
 
-from engine.gguf.demo_model import ensure_demo_model
-from engine.gguf.loader import load_model
-from api_fixtures import live_server, model_backend
 
 HELLO = [{"role": "user", "content": "Hello there"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    loaded = load_model(ensure_demo_model())
-    with live_server(loaded, model_backend(loaded)) as live:
-        yield live
 
 
 def post(server, route, body, prefix="/v1"):

@@ -3,17 +3,7 @@
 import httpx
 import pytest
 
-from engine.gguf.demo_model import ensure_demo_model
-from engine.gguf.loader import load_model
 from engine.server.wire import unpaired_surrogate_at
-from api_fixtures import live_server, model_backend
-
-
-@pytest.fixture(scope="module")
-def server():
-    loaded = load_model(ensure_demo_model())
-    with live_server(loaded, model_backend(loaded)) as live:
-        yield live
 
 
 def test_finder_walks_values_and_keys():

@@ -1,0 +1,149 @@
+"""Ratios, roofline fractions and CMP 100-210 projections for the peer benchmark, as JSON and markdown.
+
+Projection method (every projected number is labelled as one; targets.md: a projected CMP number is
+the fraction of an H200 ceiling reached, applied to the CMP's ceiling for the same resource):
+
+* Decode, both engines: bytes read per token (`engine.cuda.bench.decode_bytes`: every weight but the
+  embedding table, the GDN state, the fp16 KV cache up to the depth; the same file, so the same bytes
+  for both) × tokens/s = achieved GB/s; its fraction of the H200 read ceiling (our GEMV on the LM head,
+  measured in the same call) applied to the CMP's 818 GB/s.
+* Prefill, rigllm: matmul ops per token (2 × trunk matmul weights; attention score work not counted)
+  × tokens/s as a fraction of the DP4A peak measured in the same call, applied to the CMP's 17.2 DP4A
+  TOPS (the same as `rigllm bench`'s H200 time × DP4A-peak ratio).
+* Prefill, llama.cpp: on the H200 its MMQ kernels run on int8 tensor cores (`mma`), whatever
+  GGML_CUDA_FORCE_MMQ says (mmq.cu: `turing_mma_available` returns true before that flag is read), so
+  its fraction is taken of the int8 tensor-core peak measured in the same call (tensor_peak.py). On
+  the CMP those tensor cores are throttled (about 6 TFLOP/s), and a CMP user builds with
+  GGML_CUDA_FORCE_MMQ so the DP4A MMQ path runs; the projection assumes that path reaches the same
+  fraction of the CMP's DP4A peak as the mma path reaches of the H200's tensor-core peak. That is an
+  assumption, not a measurement: llama.cpp's published CMP numbers (LLAMA_CMP_PUBLISHED, probably on
+  the fp16 cuBLAS path, anchor-qengine.md §1.3) sit next to it for a check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.cuda.bench import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
+from engine.gguf.config import ModelConfig
+
+# llama.cpp measured on CMP 100-210 cards by qengine's README (anchor-qengine.md §1.1; build 8462, FORCE_MMQ
+# not stated). Prefill keys are prompt tokens; the 27B numbers are 3 cards with layer split.
+LLAMA_CMP_PUBLISHED = {
+    "9b": {"prefill_tokens_per_s": {297: 199, 1160: 316, 4620: 361, 18400: 324}, "tg64_tokens_per_s": 46.6},
+    "27b": {"prefill_tokens_per_s_3cards": {297: 74.2, 1160: 127.8, 4620: 146.0, 18400: 140.0},
+            "tg128_tokens_per_s_3cards": 17.7},
+}
+
+
+def matmul_ops_per_token(cfg: ModelConfig) -> int:
+    """Integer ops (2 per multiply-add) of the trunk matmuls for one prompt token (no LM head: a prefill
+    computes logits for its last token only)."""
+    c = cfg
+    gdn = (c.ssm_conv_dim + c.ssm_d_inner + 2 * c.ssm_n_v_heads) * c.d_model + c.d_model * c.ssm_d_inner
+    attn = (2 * c.q_dim + 2 * c.kv_dim) * c.d_model + c.d_model * c.q_dim
+    ffn = 3 * c.d_ff * c.d_model
+    return 2 * (len(c.gdn_layers) * gdn + len(c.attention_layers) * attn + c.n_layers * ffn)
+
+
+def decode_projection(tps: float, bytes_per_token: int, read_gbps: float) -> dict[str, float]:
+    gbps = tps * bytes_per_token / 1e9
+    fraction = gbps / read_gbps
+    return {"gb_per_s": gbps, "fraction_of_read_ceiling": fraction,
+            "projected_cmp_tokens_per_s": CMP_READ_GBPS * 1e9 * fraction / bytes_per_token}
+
+
+def prefill_projection(tps: float, ops_per_token: int, peak_tops: float | None) -> dict[str, float | None]:
+    """Fraction of `peak_tops` reached and the CMP tokens/s at that fraction of 17.2 DP4A TOPS (None
+    when the peak was not measured)."""
+    if not peak_tops:
+        return {"fraction_of_peak": None, "projected_cmp_tokens_per_s": None}
+    fraction = tps * ops_per_token / (peak_tops * 1e12)
+    return {"fraction_of_peak": fraction, "projected_cmp_tokens_per_s": fraction * CMP_DP4A_TOPS * 1e12 / ops_per_token}
+
+
+def compare_shape(shape: str, cfg: ModelConfig, ours: dict[str, Any] | None, llama: dict[str, dict[str, Any]],
+                  int8_tensor_tops: float | None, read_gbps: float | None = None) -> dict[str, Any]:
+    """One shape's table: per prompt length and per depth, each engine's tokens/s, the ratios
+    rigllm ÷ llama.cpp (per llama.cpp variant), the fractions and the projections. `read_gbps` is
+    needed when `ours` is None (llama.cpp only)."""
+    ceilings = dict(ours["ceilings"]) if ours else {"read_gb_per_s": read_gbps}
+    ceilings["int8_tensor_tops"] = int8_tensor_tops
+    read = ceilings["read_gb_per_s"]
+    ops = matmul_ops_per_token(cfg)
+    prompts = sorted(set(ours["prefill_tokens_per_s"] if ours else ()) |
+                     {n for v in llama.values() for n in v["prefill_tokens_per_s"]})
+    depths = sorted(set(ours["decode_tokens_per_s"] if ours else ()) |
+                    {d for v in llama.values() for d in v["decode_tokens_per_s"]})
+    prefill, decode = {}, {}
+    for n in prompts:
+        row: dict[str, Any] = {"llama": {}, "ratio": {}}
+        mine = ours["prefill_tokens_per_s"].get(n) if ours else None
+        if mine is not None:
+            row["rigllm"] = {"tokens_per_s": mine, **prefill_projection(mine, ops, ceilings.get("dp4a_tops"))}
+        for name, v in llama.items():
+            theirs = v["prefill_tokens_per_s"].get(n)
+            if theirs is None:
+                continue
+            row["llama"][name] = {"tokens_per_s": theirs, **prefill_projection(theirs, ops, int8_tensor_tops)}
+            if mine is not None:
+                row["ratio"][name] = mine / theirs
+        prefill[n] = row
+    for d in depths:
+        nbytes = decode_bytes(cfg, d)
+        row = {"bytes_per_token": nbytes, "llama": {}, "ratio": {}}
+        mine = ours["decode_tokens_per_s"].get(d) if ours else None
+        if mine is not None:
+            row["rigllm"] = {"tokens_per_s": mine, **decode_projection(mine, nbytes, read)}
+        for name, v in llama.items():
+            theirs = v["decode_tokens_per_s"].get(d)
+            if theirs is None:
+                continue
+            row["llama"][name] = {"tokens_per_s": theirs, **decode_projection(theirs, nbytes, read)} if read else \
+                {"tokens_per_s": theirs}
+            if mine is not None:
+                row["ratio"][name] = mine / theirs
+        decode[d] = row
+    return {"shape": shape, "matmul_ops_per_token": ops, "ceilings": ceilings, "prefill": prefill, "decode": decode,
+            "llama_cmp_published": LLAMA_CMP_PUBLISHED.get(shape)}
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    return "—" if x is None else f"{x:,.{digits}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n >= 2048 and n % 1024 == 0 else str(n)
+
+
+def markdown_table(shape_result: dict[str, Any], variants: list[str]) -> str:
+    """The README table for one shape: both engines' tokens/s, ratios, fractions and CMP projections
+    (the projections of llama.cpp are for its first variant)."""
+    first = variants[0] if variants else None
+    head = ["test", "rigllm t/s"] + [f"llama.cpp {v} t/s" for v in variants] + [f"ratio vs {v}" for v in variants]
+    head += ["rigllm % of peak", f"llama.cpp {first} % of peak" if first else "llama.cpp % of peak",
+             "projected CMP rigllm t/s", f"projected CMP llama.cpp {first} t/s" if first else "projected CMP llama.cpp t/s"]
+    title = (f"**{shape_result['shape']} shape** (prefill peaks: DP4A for rigllm, int8 tensor cores for llama.cpp; "
+             "decode: the read ceiling)")
+    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(label: str, r: dict[str, Any], frac_key: str) -> str:
+        mine = r.get("rigllm", {})
+        cells = [label, _num(mine.get("tokens_per_s"), 1 if frac_key != "fraction_of_peak" else 0)]
+        cells += [_num(r["llama"].get(v, {}).get("tokens_per_s"), 1 if frac_key != "fraction_of_peak" else 0)
+                  for v in variants]
+        cells += [_num(r["ratio"].get(v), 2) + ("×" if v in r["ratio"] else "") for v in variants]
+        theirs = r["llama"].get(first, {}) if first else {}
+        cells += [_pct(mine.get(frac_key)), _pct(theirs.get(frac_key)),
+                  _num(mine.get("projected_cmp_tokens_per_s"), 1), _num(theirs.get("projected_cmp_tokens_per_s"), 1)]
+        return "| " + " | ".join(cells) + " |"
+
+    for n, r in shape_result["prefill"].items():
+        lines.append(row(f"prefill {_tokens(int(n))}", r, "fraction_of_peak"))
+    for d, r in shape_result["decode"].items():
+        lines.append(row(f"decode at depth {_tokens(int(d))}", r, "fraction_of_read_ceiling"))
+    return "\n".join(lines)

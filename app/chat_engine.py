@@ -41,11 +41,17 @@ def prompt_messages(history: list[Message], settings: AppSettings) -> list[dict[
     """The conversation as the chat template wants it: system preset first, text only (for a local model
     and for a rig's, whose OpenAI API takes the same messages).
 
-    Images stay with the chat but are not sent: the text model has no vision input yet.
+    Images stay with the chat but are not sent: the text model has no vision input yet. A chat's own
+    system message (the summary a chat continued from another one starts with) joins the preset's in
+    the one system message the template takes.
     """
     out: list[dict[str, Any]] = []
-    if settings.system_prompt:
-        out.append({"role": "system", "content": settings.system_prompt})
+    system = [settings.system_prompt] if settings.system_prompt else []
+    if history and history[0].role == "system":
+        system.append(history[0].content)
+        history = history[1:]
+    if system:
+        out.append({"role": "system", "content": "\n\n".join(system)})
     for m in history:
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.role == "assistant" and m.reasoning:
@@ -73,6 +79,14 @@ class ChatEngine(QObject):
     def _prompt(self, history: list[Message], settings: AppSettings) -> ChatPrompt:
         return build_chat_prompt(self.service.template, self.service.tokenizer, prompt_messages(history, settings),
                                  enable_thinking=settings.thinking, context_length=self.service.context_length)
+
+    def context_used(self, history: list[Message], settings: AppSettings) -> int:
+        """Tokens the prompt for `history` takes (also when it is over the context), for the fill meter;
+        0 before the first user message (the template renders no prompt without one)."""
+        if not any(m.role == "user" for m in history):
+            return 0
+        return len(build_chat_prompt(self.service.template, self.service.tokenizer, prompt_messages(history, settings),
+                                     enable_thinking=settings.thinking).token_ids)
 
     def oldest_to_drop(self, history: list[Message], settings: AppSettings) -> int:
         """How many leading messages to leave out of the prompt so the rest fits (whole turns: the kept
@@ -108,7 +122,7 @@ class ChatEngine(QObject):
                 self.failed.emit(job_id, item.message)
 
         job = Job(prompt.token_ids, settings.sampling(), min(settings.max_tokens, room), prompt.thinking, None, [],
-                  sink=sink, turn_start=self.service.turn_start(prompt.token_ids))
+                  sink=sink, turn_start=self.service.turn_start(prompt.token_ids), speculative=settings.speculative)
         self._jobs[job_id] = job
         self.worker.submit(job)
         return job_id

@@ -18,6 +18,7 @@ from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 from engine.cuda.pipeline import CardSpec
 from engine.generation.backend import open_backend
 from engine.generation.load_progress import LoadCancelled, LoadProgress
+from engine.generation.snapshot_store import SnapshotSettings, default_host_budget
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.model_service import ModelService
@@ -97,8 +98,12 @@ class ModelLoader(QObject):
         service = ModelService.from_loaded(loaded)
         service.context_length = context
         cards = [CardSpec(i) for i in request.cards] if request.cards else None  # PCI bus order = CUDA order
+        # turn-boundary states are saved beside the chat database, so switching back to a chat or
+        # restarting the app restores a conversation instead of re-prefilling it
+        snapshots = SnapshotSettings.for_model(loaded.file, service.template.source)
         worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context, progress=self._progress,
-                                                       kv=request.kv_format, cards=cards), service.tokenizer)
+                                                       kv=request.kv_format, cards=cards), service.tokenizer,
+                                  prefix_cache_bytes=default_host_budget(), snapshots=snapshots)
         self.stage.emit("opening the backend")
         worker.start()
         label = DEMO_LABEL if request.path is None else ""

@@ -40,6 +40,7 @@ def request_body(model: str, history: list[Message], settings: AppSettings) -> d
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
         "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty, "chat_template_kwargs": {"enable_thinking": settings.thinking},
+        "speculative": settings.speculative,
     }
 
 

@@ -36,6 +36,7 @@ class AppSettings:
     frequency_penalty: float = 0.0
     max_tokens: int = 1024
     thinking: bool = True
+    speculative: bool = True  # speculative decoding with the model's MTP head, when it has one
     system_preset: str = "Helpful assistant"
     presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
     theme: str = "system"

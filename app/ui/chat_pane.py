@@ -3,15 +3,21 @@
 An answer is stored the moment it starts (status `streaming`) and re-saved as it grows (at most
 every `SAVE_INTERVAL` seconds), so a crash keeps what was generated. Rendering is throttled to one
 repaint per `RENDER_INTERVAL_MS`: re-rendering markdown on every token would starve the GUI.
+
+A meter under the conversation shows how much of the context its prompt takes, with a warning from
+`WARN_FRACTION` on; a conversation that no longer fits is never cut silently: the bar offers to drop
+the oldest turns, to continue in a new chat with the last message, or to continue in a new chat that
+starts from the model's own summary of this one (a real generation request).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QVBoxLayout, QWidget
 
 from engine.errors import RigllmError
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
@@ -29,6 +35,10 @@ from app.ui.message_widget import MessageWidget
 SAVE_INTERVAL = 0.5
 RENDER_INTERVAL_MS = 60
 TITLE_LENGTH = 48
+WARN_FRACTION = 0.8  # the meter warns once the prompt takes this much of the context
+SUMMARY_REQUEST = "Summarize the conversation so far in a few sentences."
+SUMMARY_TOKENS = 256
+SUMMARY_PREFIX = "Summary of an earlier conversation, which this chat continues:\n\n"
 
 
 class _Stream:
@@ -42,6 +52,14 @@ class _Stream:
         self.first_piece: float | None = None
         self.reasoning_started: float | None = None
         self.saved = 0.0
+
+
+class _Summary:
+    """The summary being generated for "continue in a new chat with a summary"."""
+
+    def __init__(self, job_id: int):
+        self.job_id = job_id
+        self.text = ""
 
 
 class ChatPane(QWidget):
@@ -60,6 +78,7 @@ class ChatPane(QWidget):
         self.stream: _Stream | None = None
         self.skip = 0
         self._editing: Message | None = None
+        self.summary: _Summary | None = None
 
         layout = QVBoxLayout(self)
         self.banner = QLabel()
@@ -73,6 +92,18 @@ class ChatPane(QWidget):
         self.column.addStretch(1)
         self.scroll.setWidget(self.container)
         layout.addWidget(self.scroll, 1)
+        meter_row = QWidget()
+        meter = QHBoxLayout(meter_row)
+        meter.setContentsMargins(0, 0, 0, 0)
+        self.context_meter = QProgressBar()
+        self.context_meter.setFormat("context: %v of %m tokens (%p%)")
+        self.context_meter.setToolTip("How much of the model's context this chat's prompt takes")
+        self.context_warning = QLabel()
+        self.context_warning.setStyleSheet("color: #b35900")
+        self.context_warning.setWordWrap(True)
+        meter.addWidget(self.context_meter, 1)
+        meter.addWidget(self.context_warning, 2)
+        layout.addWidget(meter_row)
         self.context_bar = QWidget()
         bar = QHBoxLayout(self.context_bar)
         self.context_label = QLabel()
@@ -83,9 +114,14 @@ class ChatPane(QWidget):
         self.new_chat_button = QPushButton("Continue in a new chat")
         self.new_chat_button.setToolTip("Start a new chat with your last message")
         self.new_chat_button.clicked.connect(self.continue_in_new_chat)
+        self.summary_button = QPushButton("Continue with a summary")
+        self.summary_button.setToolTip("Ask the model to summarize this chat, then start a new chat from that "
+                                       "summary with your last message")
+        self.summary_button.clicked.connect(self.continue_with_summary)
         bar.addWidget(self.context_label, 1)
         bar.addWidget(self.drop_button)
         bar.addWidget(self.new_chat_button)
+        bar.addWidget(self.summary_button)
         self.context_bar.setVisible(False)
         layout.addWidget(self.context_bar)
         self.composer = Composer()
@@ -112,12 +148,38 @@ class ChatPane(QWidget):
         label = engine.info.label if engine else "No model loaded: use Model > Load model..."
         self.banner.setText(label)
         self.banner.setVisible(bool(label))
+        self.update_context_meter()
+
+    def update_context_meter(self) -> None:
+        """Show how full the context is (a rig's engine has no local tokenizer: no meter then)."""
+        engine = self.engine
+        counts = engine is not None and hasattr(engine, "context_used")
+        self.context_meter.setVisible(counts)
+        if not counts:
+            self.context_warning.setVisible(False)
+            return
+        assert isinstance(engine, ChatEngine)
+        total = engine.service.context_length
+        used = engine.context_used(self.messages[self.skip:], self._settings())
+        self.context_meter.setRange(0, total)
+        self.context_meter.setValue(min(used, total))
+        if used >= total:
+            self.context_warning.setText("The context is full: drop the oldest turns or continue in a new chat")
+        elif used >= WARN_FRACTION * total:
+            self.context_warning.setText(f"The context is {100 * used // total}% full: the chat will soon need its "
+                                         "oldest turns dropped or a new chat")
+        else:
+            self.context_warning.setText("")
+        self.context_warning.setVisible(bool(self.context_warning.text()))
 
     # conversations
 
     def show_conversation(self, conversation_id: int | None) -> None:
         if self.stream is not None:
             self.stop()
+        if self.summary is not None and self.engine is not None:  # the user left the chat being summarized
+            self.engine.stop(self.summary.job_id)
+            self.summary = None
         self.conversation_id = conversation_id
         self.skip = 0  # leading messages left out of the prompt (the user chose "Drop oldest turns")
         self.context_bar.setVisible(False)
@@ -128,6 +190,7 @@ class ChatPane(QWidget):
         for m in self.messages:
             self._add_widget(m)
         self._update_regenerate()
+        self.update_context_meter()
 
     def _add_widget(self, message: Message) -> MessageWidget:
         widget = MessageWidget(message)
@@ -191,6 +254,7 @@ class ChatPane(QWidget):
 
     def _answer(self) -> None:
         assert self.engine is not None and self.conversation_id is not None
+        self.update_context_meter()
         try:
             job_id = self.engine.submit(self.messages[self.skip:], self._settings())
         except RigllmError as err:
@@ -219,12 +283,55 @@ class ChatPane(QWidget):
         self.notice.emit(f"the oldest {self.skip} message(s) are left out of the prompt (they stay in the chat)")
         self._answer()
 
-    def continue_in_new_chat(self) -> None:
-        """Move the unanswered last message into a new chat and answer it there."""
+    def continue_in_new_chat(self, summary: str = "") -> None:
+        """Move the unanswered last message into a new chat and answer it there; a `summary` of this
+        chat becomes the new chat's system message."""
         last = self.messages[-1]
         self._truncate(len(self.messages) - 1)
         self.show_conversation(None)
+        if summary:
+            self.conversation_id = self.store.create_conversation(last.content[:TITLE_LENGTH] or "Images")
+            system = Message("system", SUMMARY_PREFIX + summary)
+            self.store.add_message(self.conversation_id, system)
+            self.messages.append(system)
+            self._add_widget(system)
         self.send(last.content, last.attachments)
+
+    def continue_with_summary(self) -> None:
+        """Ask the model for a summary of this chat (without its unanswered last message); its answer
+        starts a new chat (`_summary_done`). What does not fit the context is said, not cut silently."""
+        if self.engine is None or self.summary is not None or not self.messages:
+            return
+        settings = replace(self._settings(), thinking=False, max_tokens=min(self._settings().max_tokens, SUMMARY_TOKENS))
+        history = self.messages[self.skip:-1] + [Message("user", SUMMARY_REQUEST)]
+        if isinstance(self.engine, ChatEngine):
+            try:
+                dropped = self.engine.oldest_to_drop(history, settings)
+            except RigllmError as err:
+                self.context_label.setText(str(err))
+                return
+            if dropped:
+                self.notice.emit(f"the summary covers the last {len(history) - 1 - dropped} message(s): "
+                                 "the oldest did not fit the context")
+            history = history[dropped:]
+        try:
+            job_id = self.engine.submit(history, settings)
+        except (RigllmError, QueueFull) as err:
+            self.context_label.setText(str(err))
+            return
+        self.summary = _Summary(job_id)
+        self.context_label.setText("Summarizing the conversation...")
+        for button in (self.drop_button, self.new_chat_button, self.summary_button):
+            button.setEnabled(False)
+
+    def _summary_done(self, text: str, failure: str = "") -> None:
+        self.summary = None
+        for button in (self.drop_button, self.new_chat_button, self.summary_button):
+            button.setEnabled(True)
+        if failure or not text.strip():
+            self.context_label.setText(f"The summary failed: {failure or 'the model answered nothing'}")
+            return
+        self.continue_in_new_chat(text.strip())
 
     def stop(self) -> None:
         """End the answer now: the text so far stays, marked stopped."""
@@ -236,6 +343,9 @@ class ChatPane(QWidget):
     # streaming
 
     def _on_piece(self, job_id: int, events: list) -> None:
+        if self.summary is not None and job_id == self.summary.job_id:
+            self.summary.text += "".join(e.text for e in events if isinstance(e, ContentDelta))
+            return
         stream = self.stream
         if stream is None or job_id != stream.job_id:
             return
@@ -265,6 +375,9 @@ class ChatPane(QWidget):
             self.stream.widget.refresh()
 
     def _on_finished(self, job_id: int, result: Finished) -> None:
+        if self.summary is not None and job_id == self.summary.job_id:
+            self._summary_done(self.summary.text)
+            return
         stream = self.stream
         if stream is None or job_id != stream.job_id:
             return
@@ -278,6 +391,9 @@ class ChatPane(QWidget):
         self._end(COMPLETE)
 
     def _on_failed(self, job_id: int, message: str) -> None:
+        if self.summary is not None and job_id == self.summary.job_id:
+            self._summary_done("", message)
+            return
         stream = self.stream
         if stream is None or job_id != stream.job_id:
             return
@@ -293,4 +409,5 @@ class ChatPane(QWidget):
         stream.widget.refresh()
         self.composer.set_generating(False)
         self._update_regenerate()
+        self.update_context_meter()
         self.conversations_changed.emit()

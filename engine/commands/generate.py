@@ -4,6 +4,10 @@ With no model it uses the generated demo model (random weights, labelled as such
 install shows the whole pipeline working without downloading anything. `--image FILE` (repeatable)
 puts images before the prompt text; it needs the model's mmproj (found beside the model, or
 `--mmproj`) and runs on the reference backend, the only one with a vision path so far.
+
+A model with an MTP head decodes speculatively (`--mtp on`, the default; the head drafts `--mtp-draft`
+tokens per verify) on the reference backend; the closing stats line then gives the acceptance rate.
+Speculation never changes what is sampled, only how many forward passes it takes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from engine.commands.placement_args import add_placement_args, placement_options
 from engine.generation.backend import BACKEND_CHOICES
 
 if TYPE_CHECKING:
+    from engine.generation.backend import Backend
+    from engine.generation.speculative_stream import SpeculativeStream
     from engine.generation.tokenizer import Tokenizer
     from engine.gguf.loader import LoadedModel
     from engine.vision.prompt_backend import ImagePromptBackend
@@ -46,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--seed", type=int)
+    p.add_argument("--mtp", choices=("on", "off"), default="on",
+                   help="speculative decoding with the model's MTP head, when it has one (default on)")
+    p.add_argument("--mtp-draft", type=int, choices=(1, 2), default=1, help="tokens the head drafts per verify")
     p.set_defaults(func=run)
 
 
@@ -102,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = min(args.max_tokens, context - len(prompt_ids))
     backend = image_backend or open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens,
                                             **placement_options(args))
+    speculative = _speculative(args, backend) if image_backend is None else None
+    backend = speculative or backend
 
     stream = TokenStream(backend, prompt_ids, Sampler(params), max_tokens, tokenizer.eos_ids)
     detok = IncrementalDetokenizer(tokenizer)
@@ -141,7 +152,24 @@ def run(args: argparse.Namespace) -> int:
         f"{s.prefill_tokens_per_second:.1f} t/s; decode {s.decode_tokens_per_second:.1f} t/s",
         file=sys.stderr,
     )
+    if speculative is not None:
+        print(f"[rigllm] {speculative.stats.summary()}", file=sys.stderr)
     return 0
+
+
+def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStream | None:
+    """The speculating view of `backend` when `--mtp on` and its model has an MTP head (reference only)."""
+    from engine.generation.backend import ReferenceBackend
+    from engine.generation.speculative_stream import SpeculativeStream
+
+    if args.mtp == "off":
+        return None
+    if isinstance(backend, ReferenceBackend):
+        return SpeculativeStream(backend, args.mtp_draft) if backend.model.mtp else None
+    if backend.config.n_mtp:
+        print(f"[rigllm] MTP speculation runs on the reference backend only for now; the {backend.name} backend "
+              "decodes one token per step", file=sys.stderr)
+    return None
 
 
 def _image_backend(

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from engine.commands.placement_args import add_placement_args, placement_options
 from engine.generation.backend import BACKEND_CHOICES
@@ -45,6 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_placement_args(p)
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
                    help=f"requests decoded together (default {DEFAULT_SLOTS}; on a GPU each holds a KV cache of --context tokens)")
+    p.add_argument("--snapshot-dir", type=Path, metavar="DIR",
+                   help="keep chat-turn states on disk here too, so a restart resumes chats without re-prefilling "
+                        "(default: <data dir>/snapshots)")
+    p.add_argument("--mtp", choices=("on", "off"), default="on",
+                   help="speculative decoding with the model's MTP head when it has one (default on; requests "
+                        "can opt out with \"speculative\": false)")
+    p.add_argument("--no-snapshots", action="store_true", help="keep chat-turn states in memory only")
     p.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
                    help="host memory for kept chat-turn states, so follow-up turns skip their prefix (0: off)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -129,8 +137,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     ring = install_log_ring()  # also raises rigllm's loggers to INFO: loads and unloads reach the journal
     placement = placement_options(args)
+    from engine.generation.snapshot_store import default_root
+
+    snapshot_root = None if args.no_snapshots else (args.snapshot_dir or default_root())
     host = ModelHost(args.backend, args.max_queue, slots=args.slots, prefix_cache_bytes=args.prefix_cache_mb << 20,
-                     opener=functools.partial(open_with_progress, **placement))
+                     opener=functools.partial(open_with_progress, **placement), snapshot_root=snapshot_root,
+                     speculative=args.mtp == "on")
     telemetry = open_source()
     stopping = threading.Event()
     url = f"http://{args.host}:{args.port}/v1"

@@ -4,14 +4,21 @@ A Gated DeltaNet state cannot be cut back to an earlier position, so a state is 
 prompt that starts with *all* of its tokens; the scheduler stores one at each chat turn boundary (the
 state before the generation header), which the next turn's prompt extends. Entries are evicted least
 recently used first within a byte budget (host memory: snapshots of GPU states are copied out).
+`TieredPrefixCache` adds the disk tier (engine.generation.snapshot_store) behind the same calls.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from engine.generation.slots import SlotSnapshot
+from engine.generation.snapshot_store import SnapshotStore
+
+log = logging.getLogger(__name__)
 
 
 class PrefixCache:
@@ -54,3 +61,61 @@ class PrefixCache:
             return 0, None
         self._entries.move_to_end(best_key)
         return len(best_key), self._entries[best_key]
+
+
+class TieredPrefixCache(PrefixCache):
+    """A `PrefixCache` in host RAM backed by a `SnapshotStore` on disk, with the same calls.
+
+    `put` keeps the state in RAM and queues it for saving on a writer thread (the generation thread
+    never waits for the disk); `longest_prefix` prefers a longer saved state over the best RAM one,
+    loading it then and keeping it in RAM. `close` finishes the queued saves.
+    """
+
+    def __init__(self, budget_bytes: int, store: SnapshotStore):
+        super().__init__(budget_bytes)
+        self.store = store
+        self._pending: set[tuple[int, ...]] = set()
+        self._saves: queue.Queue[tuple[tuple[int, ...], SlotSnapshot] | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="rigllm-snapshot-writer", daemon=True)
+        self._writer.start()
+
+    def __contains__(self, tokens: Sequence[int]) -> bool:
+        key = tuple(tokens)
+        return super().__contains__(key) or key in self._pending or key in self.store
+
+    def put(self, tokens: Sequence[int], snapshot: SlotSnapshot) -> bool:
+        key = tuple(tokens)
+        kept = super().put(key, snapshot)
+        if key not in self._pending and key not in self.store:
+            self._pending.add(key)
+            self._saves.put((key, snapshot))
+        return kept
+
+    def longest_prefix(self, prompt: Sequence[int]) -> tuple[int, SlotSnapshot | None]:
+        n, snapshot = super().longest_prefix(prompt)
+        n_disk, from_disk = self.store.longest_prefix(prompt, longer_than=n)
+        if from_disk is None:
+            return n, snapshot
+        super().put(prompt[:n_disk], from_disk)
+        return n_disk, from_disk
+
+    def flush(self) -> None:
+        """Wait until every queued save is on disk."""
+        self._saves.join()
+
+    def close(self) -> None:
+        """Finish the queued saves and end the writer thread."""
+        self._saves.put(None)
+        self._writer.join()
+
+    def _write_loop(self) -> None:
+        while (item := self._saves.get()) is not None:
+            key, snapshot = item
+            try:
+                self.store.save(key, snapshot)
+            except Exception:  # a full or read-only disk costs the saved copy, never the generation
+                log.exception("could not save a snapshot")
+            finally:
+                self._pending.discard(key)
+                self._saves.task_done()
+        self._saves.task_done()

@@ -10,6 +10,11 @@ natively with on-device sampling.
 Images are an optional capability (`ImagePrefill`): a slot backend with `supports_images` true also
 prefills prompt segments that carry image embedding rows and M-RoPE positions. `HostSlots` has it
 over the reference backend; the CUDA backend does not have it yet, and image jobs are refused there.
+
+Speculative decoding is another (engine.generation.speculative): a step may then return several
+tokens for a slot (`Pick.extra`); all but the last are already consumed by the slot's state, and the
+last is the one fed at the next step. `HostSlots` speculates over a reference model with an MTP head
+(on by default, off per backend or per request with `SlotRequest.speculative`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import numpy as np
 from engine.errors import RigllmError
 from engine.generation.backend import Backend, ReferenceBackend
 from engine.generation.sampler import Sampler, SamplingParams
+from engine.generation.speculative import MtpSpeculator, SpeculationStats, speculation_rng
+from engine.generation.speculative_state import MtpTrail
 from engine.gguf.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -36,12 +43,19 @@ class SlotRequest:
     params: SamplingParams
     history: Sequence[int]  # the tokens the penalties see before the first pick (the prompt)
     host_logits: bool = False  # return each step's logits row (for logprobs or constrained decoding)
+    speculative: bool = True  # draft with the MTP head when the backend speculates (never with host_logits)
 
 
 @dataclass(frozen=True)
 class Pick:
     token: int  # -1: the logits were NaN or infinite
     logits: np.ndarray | None = None  # the row the token was picked from, when the request asked for it
+    extra: tuple[int, ...] = ()  # tokens after `token` from the same step (speculative decoding)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Every token of the step in order; the slot's state has consumed all but the last."""
+        return (self.token,) + self.extra
 
 
 @dataclass(frozen=True)
@@ -97,12 +111,15 @@ def supports_images(slots: SlotBackend) -> bool:
 
 
 class _HostSlot:
-    def __init__(self, sequence: Any):
+    def __init__(self, sequence: Any, trail: MtpTrail | None = None):
         self.sequence = sequence
         self.logits: np.ndarray | None = None
         self.sampler: Sampler | None = None
         self.history: list[int] = []
         self.host_logits = False
+        self.trail = trail  # the MTP head's owed rows; None: no head upkeep (no speculator, or images seen)
+        self.speculate = False
+        self.rng: np.random.Generator | None = None
 
 
 class HostSlots:
@@ -112,11 +129,16 @@ class HostSlots:
     `SequenceState` does); otherwise `snapshot_slot` returns None and prefix reuse is limited to a
     slot's live state. Images work over the reference backend, whose model takes embedding rows and
     3-component positions (its state keeps the next position for decoding).
+
+    With `speculative` (default) and a reference model that has an MTP head, every slot keeps the head's
+    cache in step with its trunk (one head row per token, batched) and decodes requests that allow it
+    with `draft_tokens` drafts per verify; `speculation_stats` counts the rounds. A slot that saw images
+    stops speculating until it is reset (the head's positions for image rows are unsettled, spec §6.10).
     """
 
     DEFAULT_PREFILL_CHUNK = 512
 
-    def __init__(self, backend: Backend, slot_count: int):
+    def __init__(self, backend: Backend, slot_count: int, speculative: bool = True, draft_tokens: int = 1):
         if slot_count < 1:
             raise ValueError("a backend needs at least one slot")
         self.backend = backend
@@ -124,21 +146,41 @@ class HostSlots:
         self.config = backend.config
         self.slot_count = slot_count
         self.prefill_chunk = getattr(backend, "prefill_chunk", self.DEFAULT_PREFILL_CHUNK)
-        self._slots = [_HostSlot(backend.new_sequence()) for _ in range(slot_count)]
+        model = backend.model if isinstance(backend, ReferenceBackend) else None
+        self.speculator = MtpSpeculator(model, draft_tokens) if speculative and model and model.mtp else None
+        self._slots = [self._new_slot() for _ in range(slot_count)]
         self.can_snapshot = all(hasattr(self._slots[0].sequence, name) for name in ("snapshot", "restore"))
         self.supports_images = isinstance(backend, ReferenceBackend)
 
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """Acceptance counts over this backend's life; None when it does not speculate."""
+        return self.speculator.stats if self.speculator else None
+
+    def _new_slot(self) -> _HostSlot:
+        return _HostSlot(self.backend.new_sequence(), self.speculator.new_trail() if self.speculator else None)
+
     def reset_slot(self, slot: int) -> None:
-        self._slots[slot] = _HostSlot(self.backend.new_sequence())
+        self._slots[slot] = self._new_slot()
+
+    def last_logits(self, slot: int) -> np.ndarray | None:
+        """The logits row the slot's next pick comes from (after a prefill or a plain step)."""
+        return self._slots[slot].logits
 
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         s = self._slots[slot]
-        s.logits = self.backend.forward_last(token_ids, s.sequence)
+        s.logits = self._forward(s, token_ids)
+
+    def _forward(self, s: _HostSlot, token_ids: Sequence[int]) -> np.ndarray:
+        if self.speculator is not None and s.trail is not None:
+            return self.speculator.feed(s.sequence, s.trail, token_ids)
+        return self.backend.forward_last(token_ids, s.sequence)
 
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         if not isinstance(self.backend, ReferenceBackend):
             raise RuntimeError(f"the {self.name} backend cannot take image embeddings")
         s, model = self._slots[slot], self.backend.model
+        s.trail = None
         hidden = model.forward_hidden(segment.token_ids, s.sequence, segment.positions, segment.embeddings,
                                       segment.embedding_rows)
         s.logits = model.logits(hidden[-1:])[0]
@@ -150,16 +192,27 @@ class HostSlots:
         s.sampler = Sampler(request.params)
         s.history = list(request.history)
         s.host_logits = request.host_logits
+        s.speculate = s.trail is not None and request.speculative and not request.host_logits
+        s.rng = speculation_rng(request.params.seed) if s.speculate else None
         return self._pick(s)
 
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
         picks = {}
         for slot, token in feeds.items():
             s = self._slots[slot]
-            s.logits = self.backend.forward_last([token], s.sequence)
             s.history.append(token)
+            run = self._speculate(s, token) if s.speculate else None
+            if run is not None:
+                s.logits = None  # the round picked from its own rows
+                picks[slot] = Pick(run[0], None, tuple(run[1:]))
+                continue
+            s.logits = self._forward(s, [token])
             picks[slot] = self._pick(s)
         return picks
+
+    def _speculate(self, s: _HostSlot, token: int) -> list[int] | None:
+        assert self.speculator is not None and s.trail is not None and s.sampler is not None and s.rng is not None
+        return self.speculator.round(s.sequence, s.trail, token, s.sampler, s.history, s.rng)
 
     @staticmethod
     def _pick(s: _HostSlot) -> Pick:
@@ -173,12 +226,20 @@ class HostSlots:
     def snapshot_slot(self, slot: int) -> SlotSnapshot | None:
         if not self.can_snapshot:
             return None
-        snap = self._slots[slot].sequence.snapshot()
-        return SlotSnapshot(snap, _nbytes(snap))
+        s = self._slots[slot]
+        snap = s.sequence.snapshot()
+        state = snap if self.speculator is None else (snap, s.trail.frozen() if s.trail is not None else None)
+        return SlotSnapshot(state, _nbytes(state))
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
+        """A speculating backend's snapshots also hold the head's owed rows (the trunk's last hidden row);
+        restoring one without them (saved by a backend that did not speculate) leaves the slot plain until reset."""
         self.reset_slot(slot)
-        self._slots[slot].sequence.restore(snapshot.state)
+        s = self._slots[slot]
+        state, trail = snapshot.state if isinstance(snapshot.state, tuple) else (snapshot.state, None)
+        s.sequence.restore(state)
+        if self.speculator is not None:
+            s.trail = MtpTrail.thawed(trail) if trail is not None else None
 
     def close(self) -> None:
         self.backend.close()
@@ -199,21 +260,27 @@ def decode_tokens(backend: SlotBackend, slot: int, params: SamplingParams, histo
                   stop_ids: Collection[int], full: Callable[[], bool]) -> Iterator[int]:
     """Tokens of one slot after its prefill, chosen by the backend (on the card for CUDA): the single-sequence
     fast path of `TokenStream`. Stops before a stop id, at `max_tokens`, or when `full()` says the slot's
-    context is used up."""
-    token = backend.begin(slot, SlotRequest(params, history)).token
-    for produced in range(max_tokens):
-        if token < 0:
-            raise RigllmError("the model produced NaN or infinite logits")
-        if token in stop_ids:
-            return
-        yield token
-        if produced + 1 == max_tokens or full():
-            return
-        token = backend.step({slot: token})[slot].token
+    context is used up; a step's several tokens (speculative decoding) pass the same checks one by one."""
+    run = backend.begin(slot, SlotRequest(params, history)).tokens
+    produced = 0
+    if max_tokens < 1:
+        return
+    while True:
+        for token in run:
+            if token < 0:
+                raise RigllmError("the model produced NaN or infinite logits")
+            if token in stop_ids:
+                return
+            yield token
+            produced += 1
+            if produced == max_tokens or full():
+                return
+        run = backend.step({slot: run[-1]})[slot].tokens
 
 
-def slot_backend(backend: Backend, slot_count: int) -> SlotBackend:
-    """The backend itself when it has slots natively (CUDA), else `HostSlots` around it."""
+def slot_backend(backend: Backend, slot_count: int, speculative: bool = True) -> SlotBackend:
+    """The backend itself when it has slots natively (CUDA), else `HostSlots` around it (speculating with
+    the model's MTP head when it has one, unless `speculative` is False)."""
     if hasattr(backend, "slot_count") and hasattr(backend, "step"):
         return backend  # type: ignore[return-value]
-    return HostSlots(backend, slot_count)
+    return HostSlots(backend, slot_count, speculative)

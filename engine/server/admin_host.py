@@ -22,6 +22,7 @@ from typing import Any
 from engine.errors import RigllmError
 from engine.generation.backend import Backend, open_backend
 from engine.generation.load_progress import LoadCancelled, LoadProgress, ProgressCallback
+from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.api_errors import APIError
 from engine.server.model_service import ModelService
@@ -54,8 +55,12 @@ class ModelHost:
     """Owner of the loaded model. Thread-safe; `service`/`worker` may change between two calls."""
 
     def __init__(self, backend: str = "auto", max_queue: int = 16, opener: BackendOpener = open_with_progress,
-                 slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
-        """`slots` and `prefix_cache_bytes` apply to every model loaded (see `GenerationWorker`)."""
+                 slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+                 snapshot_root: Path | None = None, speculative: bool = True):
+        """`slots` and `prefix_cache_bytes` apply to every model loaded (see `GenerationWorker`);
+        `snapshot_root` keeps chat-turn states on disk there too, so they survive a restart."""
+        self.snapshot_root = snapshot_root
+        self.speculative = speculative  # draft with a model's MTP head when the backend can
         self.backend = backend
         self.max_queue = max_queue
         self.slots = slots
@@ -228,7 +233,11 @@ class ModelHost:
         self._set_stage(f"opening the {backend} backend")
         worker = GenerationWorker(lambda: self._opener(backend, loaded, ctx, self.slots, self._on_progress),
                                   service.tokenizer, self.max_queue, slots=self.slots,
-                                  prefix_cache_bytes=self.prefix_cache_bytes)
+                                  prefix_cache_bytes=self.prefix_cache_bytes,
+                                  snapshots=(SnapshotSettings.for_model(loaded.file, service.template.source,
+                                                                        root=self.snapshot_root)
+                                             if self.snapshot_root is not None else None),
+                                  speculative=self.speculative)
         worker.start()
         with self._lock:
             self._current = _Loaded(service, worker, ctx, label)

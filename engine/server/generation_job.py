@@ -91,6 +91,7 @@ class Job:
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token (0-20)
     constraint: JsonConstraint | None = None  # JSON mode's automaton; the job's tokens are then picked on the host
     multimodal: MultimodalPrompt | None = None
+    speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def post(self, item: Event) -> None:

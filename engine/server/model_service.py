@@ -159,7 +159,8 @@ class ModelService:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > 4:
             raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
-        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink, top_logprobs=top_logprobs)
+        return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink, top_logprobs=top_logprobs,
+                   speculative=req.speculative is not False)
 
 
 def template_message(index: int, message: ChatMessage) -> dict[str, Any]:

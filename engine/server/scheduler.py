@@ -153,7 +153,8 @@ class Scheduler:
             if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
                 self._keep_snapshot(slot)
             if not slot.pending:
-                request = SlotRequest(slot.job.params, slot.job.prompt_ids, host_logits=_needs_logits(slot.job))
+                request = SlotRequest(slot.job.params, slot.job.prompt_ids, host_logits=_needs_logits(slot.job),
+                                      speculative=slot.job.speculative)
                 pick = self.backend.begin(slot.index, request)
                 slot.first_token = time.perf_counter()
                 self._take(slot, pick)
@@ -181,7 +182,21 @@ class Scheduler:
             return
         for s in decoding:
             s.tokens.append(feeds[s.index])  # type: ignore[arg-type]
-            self._take(s, picks[s.index])
+            self._take_run(s, picks[s.index])
+
+    def _take_run(self, slot: _Slot, pick: Pick) -> None:
+        """A step's tokens in order (several with speculative decoding), each through every stop rule.
+
+        The slot's state has consumed all of them but the last, whether or not the job uses them, so
+        they join `slot.tokens` first (a follow-up's prompt is matched against what the state holds).
+        """
+        run = pick.tokens
+        slot.tokens += run[:-1]
+        self._take(slot, pick)
+        for token in run[1:]:
+            if slot.next_token is None:  # the job ended (or failed) on an earlier token
+                return
+            self._take(slot, Pick(token))
 
     def _take(self, slot: _Slot, pick: Pick) -> None:
         """Handle a slot's newly picked token: end the job, or queue the token for the next step."""

@@ -1,5 +1,9 @@
 """Request bodies of the OpenAI API as pydantic models; unknown fields are ignored, as OpenAI's are not.
 
+One field is rigllm's own: `"speculative": false` turns speculative decoding with the model's MTP head
+off for the request (it is on by default when the model has a head; the output's distribution is the
+same either way, only the speed differs).
+
 Only types are checked here; value ranges (temperature ≥ 0, top_p in (0, 1], …) are checked by
 SamplingParams so the API and the CLI refuse the same values with the same words.
 """
@@ -90,6 +94,7 @@ class SamplingFields(RequestBody):
     n: int = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    speculative: bool | None = None  # None: the server's default (on when the model has an MTP head)
 
 
 class ChatCompletionRequest(SamplingFields):

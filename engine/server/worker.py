@@ -8,14 +8,16 @@ requests pile up.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 
 from engine.errors import RigllmError
 from engine.generation.backend import Backend
-from engine.generation.prefix_cache import PrefixCache
+from engine.generation.prefix_cache import PrefixCache, TieredPrefixCache
 from engine.generation.slots import slot_backend
+from engine.generation.snapshot_store import SnapshotSettings
 from engine.generation.tokenizer import Tokenizer
 from engine.server.api_errors import APIError
 from engine.server.generation_job import Job
@@ -24,6 +26,8 @@ from engine.server.scheduler import Scheduler
 
 DEFAULT_SLOTS = 4
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+
+log = logging.getLogger(__name__)
 
 class QueueFull(Exception):
     """More requests are waiting than the queue holds."""
@@ -35,13 +39,17 @@ class ImagesUnsupported(APIError, RigllmError):
 
 class GenerationWorker:
     def __init__(self, open_backend: Callable[[], Backend], tokenizer: Tokenizer, max_queue: int = 16,
-                 slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
+                 slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+                 snapshots: SnapshotSettings | None = None, speculative: bool = True):
         """`slots`: requests decoded together (a backend with its own slot count keeps that one);
-        `prefix_cache_bytes`: host memory for kept turn-boundary states (0 disables the cache)."""
+        `prefix_cache_bytes`: host memory for kept turn-boundary states (0 disables the cache);
+        `snapshots`: also save those states to disk and load them back (restarts, switching chats)."""
+        self._speculative = speculative
         self._open_backend = open_backend
         self._tokenizer = tokenizer
         self._slots = slots
-        self._cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._prefix_cache_bytes = prefix_cache_bytes
+        self._snapshots = snapshots
         self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
@@ -100,15 +108,33 @@ class GenerationWorker:
 
     def _run(self) -> None:
         try:
-            backend = slot_backend(self._open_backend(), self._slots)
+            opened = self._open_backend()
+            backend = slot_backend(opened, self._slots, self._speculative)
         except BaseException as err:  # reported to start(), which re-raises in the caller's thread
             self._startup_error = err
             self._ready.set()
             return
         self.backend_name = backend.name
-        self._scheduler = Scheduler(backend, self._tokenizer, self._cache)
+        cache = self._make_cache(opened)
+        self._scheduler = Scheduler(backend, self._tokenizer, cache)
         self._ready.set()
         try:
             self._scheduler.run(self._jobs)
         finally:
+            if isinstance(cache, TieredPrefixCache):
+                cache.close()
             backend.close()
+
+    def _make_cache(self, backend: Backend) -> PrefixCache | None:
+        """The RAM cache, with the disk tier when asked for and the backend names its KV format."""
+        if self._prefix_cache_bytes <= 0:
+            return None
+        kv = getattr(backend, "kv", None)
+        if self._snapshots is None or kv is None:
+            return PrefixCache(self._prefix_cache_bytes)
+        try:
+            store = self._snapshots.open(kv.name, backend.config)
+        except OSError as err:  # an unwritable data folder costs the disk tier, not the model
+            log.warning("saved conversation states are off: %s", err)
+            return PrefixCache(self._prefix_cache_bytes)
+        return TieredPrefixCache(self._prefix_cache_bytes, store)

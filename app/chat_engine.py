@@ -8,7 +8,10 @@ GUI never waits on the engine (`submit` only puts a job on a queue).
 
 from __future__ import annotations
 
+import base64
+import io
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +24,7 @@ from engine.server.generation_job import Failed, Finished, Job, Piece
 from engine.server.model_service import ModelService
 from engine.server.worker import GenerationWorker
 
-from app.chat_records import Message
+from app.chat_records import Attachment, Message
 from app.settings import AppSettings
 
 
@@ -37,13 +40,36 @@ class ModelInfo:
     cards: tuple[int, ...]  # card indices (PCI bus order) the model runs on; () for the CPU
 
 
-def prompt_messages(history: list[Message], settings: AppSettings) -> list[dict[str, Any]]:
-    """The conversation as the chat template wants it: system preset first, text only (for a local model
-    and for a rig's, whose OpenAI API takes the same messages).
+ImagePart = Callable[[Attachment], dict[str, Any]]
 
-    Images stay with the chat but are not sent: the text model has no vision input yet. A chat's own
-    system message (the summary a chat continued from another one starts with) joins the preset's in
-    the one system message the template takes.
+
+class ImageInputError(RigllmError):
+    """The message's images cannot go to this model (no vision projector, an unreadable image, a backend
+    without image input): shown as a notice, unlike a full context, which offers to drop turns."""
+
+
+def pil_image_part(attachment: Attachment) -> dict[str, Any]:
+    """An attached image as the engine's own content part (a local model encodes it in-process)."""
+    from PIL import Image
+
+    return {"type": "image", "image": Image.open(io.BytesIO(attachment.data))}
+
+
+def data_url_image_part(attachment: Attachment) -> dict[str, Any]:
+    """An attached image as OpenAI's `image_url` data-URL part (for a rig's API)."""
+    encoded = base64.b64encode(attachment.data).decode("ascii")
+    return {"type": "image_url", "image_url": {"url": f"data:{attachment.mime};base64,{encoded}"}}
+
+
+def prompt_messages(history: list[Message], settings: AppSettings,
+                    image_part: ImagePart | None = None) -> list[dict[str, Any]]:
+    """The conversation as the chat template wants it: system preset first (for a local model and for a
+    rig's, whose OpenAI API takes the same messages).
+
+    With `image_part`, a user message's image attachments go before its text as content parts; without
+    it the text alone (what token counts for the fill meter use, so they need no vision tower run). A
+    chat's own system message (the summary a chat continued from another one starts with) joins the
+    preset's in the one system message the template takes.
     """
     out: list[dict[str, Any]] = []
     system = [settings.system_prompt] if settings.system_prompt else []
@@ -54,6 +80,9 @@ def prompt_messages(history: list[Message], settings: AppSettings) -> list[dict[
         out.append({"role": "system", "content": "\n\n".join(system)})
     for m in history:
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        images = [a for a in m.attachments if a.mime.startswith("image/")] if image_part else []
+        if m.role == "user" and images:
+            msg["content"] = [image_part(a) for a in images] + [{"type": "text", "text": m.content}]
         if m.role == "assistant" and m.reasoning:
             msg["reasoning_content"] = m.reasoning
         if m.tool_calls:
@@ -107,9 +136,16 @@ class ChatEngine(QObject):
         Raises RigllmError (one line, shown to the user) when the conversation does not fit the context;
         it is never truncated silently (contracts.md): the chat pane offers to drop the oldest turns.
         """
-        prompt = self._prompt(history, settings)
+        self._prompt(history, settings)  # refuses a conversation over the context before any image is encoded
+        try:
+            prepared = self.service.prepare_chat(prompt_messages(history, settings, pil_image_part),
+                                                 enable_thinking=settings.thinking,
+                                                 backend_takes_images=self.worker.supports_images)
+        except RigllmError as err:
+            raise ImageInputError(str(err)) from None
+        prompt = prepared.chat
         job_id = next(self._ids)
-        room = self.service.context_length - len(prompt.token_ids)
+        room = self.service.context_length - len(prepared.token_ids)
 
         def sink(item: Piece | Finished | Failed) -> None:  # on the worker thread
             if isinstance(item, Piece):
@@ -121,8 +157,9 @@ class ChatEngine(QObject):
                 self._jobs.pop(job_id, None)
                 self.failed.emit(job_id, item.message)
 
-        job = Job(prompt.token_ids, settings.sampling(), min(settings.max_tokens, room), prompt.thinking, None, [],
-                  sink=sink, turn_start=self.service.turn_start(prompt.token_ids), speculative=settings.speculative)
+        job = Job(prepared.token_ids, settings.sampling(), min(settings.max_tokens, room), prompt.thinking, None, [],
+                  sink=sink, turn_start=self.service.turn_start(prepared.token_ids), speculative=settings.speculative,
+                  multimodal=prepared.multimodal)
         self._jobs[job_id] = job
         self.worker.submit(job)
         return job_id

@@ -25,7 +25,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.generation.output_parser import ContentDelta, ParseEvent, ReasoningDelta, ToolCall
 from engine.server.generation_job import Finished
 
-from app.chat_engine import ModelInfo, prompt_messages
+from app.chat_engine import ModelInfo, data_url_image_part, prompt_messages
 from app.chat_records import Message
 from app.rig_client import SLOW, RigLink, error_text
 from app.settings import AppSettings
@@ -35,7 +35,7 @@ def request_body(model: str, history: list[Message], settings: AppSettings) -> d
     """The chat request the local engine would make of itself, in the OpenAI wire format."""
     s = settings.sampling()
     return {
-        "model": model, "messages": prompt_messages(history, settings), "stream": True,
+        "model": model, "messages": prompt_messages(history, settings, data_url_image_part), "stream": True,
         "stream_options": {"include_usage": True}, "max_tokens": settings.max_tokens,
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p,
         "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,

@@ -24,7 +24,7 @@ from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCa
 from engine.server.generation_job import Finished
 from engine.server.worker import QueueFull
 
-from app.chat_engine import ChatEngine
+from app.chat_engine import ChatEngine, ImageInputError
 from app.chat_records import COMPLETE, FAILED, STOPPED, STREAMING, Attachment, Message
 from app.chat_store import ChatStore
 from app.remote_engine import RemoteChatEngine
@@ -223,8 +223,6 @@ class ChatPane(QWidget):
         self.messages.append(user)
         self._add_widget(user)
         self.composer.clear()
-        if attachments:  # prompt_messages sends text only until the engine takes images
-            self.notice.emit("Images are kept with the chat; the engine does not take image input yet")
         self._answer()
         self.conversations_changed.emit()
 
@@ -257,6 +255,9 @@ class ChatPane(QWidget):
         self.update_context_meter()
         try:
             job_id = self.engine.submit(self.messages[self.skip:], self._settings())
+        except ImageInputError as err:
+            self.notice.emit(str(err))
+            return
         except RigllmError as err:
             self.context_label.setText(str(err))
             self.context_bar.setVisible(True)

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QApplication
 from app.chat_records import COMPLETE, STOPPED
 from app.chat_store import ChatStore
 from app.ui.markdown_view import MarkdownView, code_blocks
+from conftest import Recorder
 
 
 def send_and_wait(qtbot, window, text: str) -> None:
@@ -111,11 +112,14 @@ def test_dropping_an_image_attaches_it_and_it_is_stored_with_the_message(qtbot, 
     composer.remove_attachment(1)
     assert len(composer.attachments) == 1
     composer.text.setPlainText("what is this?")
+    notices = Recorder(window.chat.notice)
     composer.send_button.click()
     qtbot.waitUntil(lambda: window.chat.stream is None, timeout=60_000)
     assert composer.attachments == []
     stored = window.store.messages(window.chat.conversation_id)[0]
     assert stored.attachments[0].name == "pic.png" and stored.attachments[0].data.startswith(b"\x89PNG")
+    # The demo model has no vision projector: the image is sent, and the engine's refusal is shown.
+    assert any("takes no images" in args[0] for args in notices.calls)
 
 
 def test_a_file_that_is_not_an_image_is_refused(qtbot, window, tmp_path):

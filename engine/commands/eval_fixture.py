@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=20, help="samples per task and length (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="sample seed (default 0; training used other samples)")
     parser.add_argument("--backend", choices=("reference", "cuda"), default="reference", help="default: reference")
+    parser.add_argument("--sparse", action="store_true",
+                        help="prefill with the calibrated sparse attention profile beside the model (reference backend)")
     parser.add_argument("--kv-format", help="KV cache format, e.g. k8v3 (reference backend only for now; default f16, which the reference keeps exact)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
     parser.set_defaults(func=run)
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_model(args.model)
     tokenizer = Tokenizer.from_model_file(loaded.file)
-    backend = open_backend(args.backend, loaded, context=max(lengths) + 64)
+    backend = open_backend(args.backend, loaded, context=max(lengths) + 64, sparse=args.sparse)
     setting = {"model": Path(args.model).name, "backend": backend.name, "kv_format": args.kv_format or "f16"}
     print(f"{setting['model']}  backend={setting['backend']}  kv={setting['kv_format']}  samples={args.samples}")
     print(f"{'task':<8}{'length':>8}{'accuracy':>10}{'tokens':>8}{'mtp acc':>9}{'tok/verify':>11}")

@@ -36,6 +36,7 @@ HOT_KERNELS = frozenset(
         *(f"kv_decode_{f}_d256_g{g}" for f in ("k8v3", "k3v3") for g in (4, 6)),
         "kv_prefill_k8v3_d256",
         "kv_prefill_k3v3_d256",
+        "sparse_prefill_d256",
         "swiglu_q8_1",
         "gdn_conv_silu",
         "gdn_recurrent",

@@ -57,11 +57,15 @@ class ReferenceBackend:
 
     name = "reference"
 
-    def __init__(self, loaded: LoadedModel, progress: ProgressCallback | None = None, kv: str = "f16"):
-        """`kv`: the KV cache format the reference stores (f16 keeps exact fp32 rows)."""
+    def __init__(self, loaded: LoadedModel, progress: ProgressCallback | None = None, kv: str = "f16",
+                 sparse: bool = False):
+        """`kv`: the KV cache format the reference stores (f16 keeps exact fp32 rows); `sparse`: prefill with
+        the calibrated block-sparse attention profile beside the model (`rigllm calibrate-sparse`)."""
         from engine.reference.model import ReferenceModel
+        from engine.sparse.profile import require_profile
 
         self.kv = kv_format(kv)
+        self.sparse_profile = require_profile(loaded.file) if sparse else None
 
         total = sum(t.n_bytes for t in loaded.file.tensors.values())
         counter = ProgressCounter(progress, 0, total, "reading weights")
@@ -76,7 +80,13 @@ class ReferenceBackend:
         return SequenceState(self.config, kv_format=self.kv)
 
     def forward_last(self, token_ids: Sequence[int], sequence: Any) -> np.ndarray:
-        hidden = self.model.forward_hidden(token_ids, sequence)
+        if self.sparse_profile is None:
+            hidden = self.model.forward_hidden(token_ids, sequence)
+        else:  # the profile applies to prefill chunks past its minimum length; decode stays dense
+            from engine.sparse.reference_hook import sparse_prefill
+
+            with sparse_prefill(self.model, self.sparse_profile):
+                hidden = self.model.forward_hidden(token_ids, sequence)
         return self.model.logits(hidden[-1:])[0]
 
     def close(self) -> None:
@@ -85,7 +95,7 @@ class ReferenceBackend:
 
 def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
                  progress: ProgressCallback | None = None, slots: int = 1, cards: Sequence[Any] | None = None,
-                 split: Sequence[int] | None = None, kv: str = "f16") -> Backend:
+                 split: Sequence[int] | None = None, kv: str = "f16", sparse: bool = False) -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
@@ -100,7 +110,9 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
 
         name = "reference" if gpu_unavailable_reason() else "cuda"
     if name == "reference":
-        return ReferenceBackend(loaded, progress, kv)
+        return ReferenceBackend(loaded, progress, kv, sparse)
+    if sparse:
+        raise RigllmError("sparse prefill runs on the reference backend only for now (its GPU kernels are not wired)")
     if name == "cuda":
         from engine.cuda.backend import CudaBackend
         from engine.cuda.driver import gpu_unavailable_reason

@@ -13,6 +13,9 @@ identity and this is plain softmax attention.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,15 +66,35 @@ def gated_attention(
 
     n_past = cache.length
     cache.append(k, v)
-    o = attend_stored(q, cache, n_past, dh)
+    hook = _mask_hook.get()
+    o = attend_stored(q, cache, n_past, dh, None if hook is None else hook(w, q, cache, n_past))
     return w.out(o.reshape(t_new, h * dh) * sigmoid(gate))
 
 
-def attend_stored(q: np.ndarray, cache: KVCache, n_past: int, head_dim: int) -> np.ndarray:
+# Per-head attention masks (sparse prefill, engine.sparse): called with the layer's weights, the new
+# queries, the cache (already holding the new rows) and n_past; returns bool [H, T, S] or None (dense).
+MaskHook = Callable[[AttentionWeights, np.ndarray, KVCache, int], np.ndarray | None]
+_mask_hook: ContextVar[MaskHook | None] = ContextVar("attention_mask_hook", default=None)
+
+
+@contextmanager
+def attention_masks(hook: MaskHook) -> Iterator[None]:
+    """Within the block, every gated attention asks `hook` for extra masks (default: none, dense)."""
+    token = _mask_hook.set(hook)
+    try:
+        yield
+    finally:
+        _mask_hook.reset(token)
+
+
+def attend_stored(
+    q: np.ndarray, cache: KVCache, n_past: int, head_dim: int, allowed: np.ndarray | None = None
+) -> np.ndarray:
     """softmax(q·Kᵀ/√Dh, causal)·V over the cache's stored rows, in the codecs' domains: o [T, H, Dh].
 
     q [T, H, Dh] are the new tokens' queries (rows n_past.. of the cache are theirs); query head h
-    reads KV head h // G (HF repeat_kv).
+    reads KV head h // G (HF repeat_kv). `allowed` [H, T, S] further masks each head (sparse
+    attention); every row must keep at least one visible key. None (or all True) is exact dense.
     """
     t_new, h = q.shape[:2]
     keys, values = cache.key_domain(), cache.value_domain()  # [S, Hkv, domain width]
@@ -81,6 +104,8 @@ def attend_stored(q: np.ndarray, cache: KVCache, n_past: int, head_dim: int) -> 
     qh = qd.reshape(t_new, hkv, group, -1).transpose(1, 2, 0, 3)  # [Hkv, G, T, Wk]
     scores = (qh @ keys.transpose(1, 2, 0)[:, None]) * np.float32(head_dim**-0.5)  # [Hkv, G, T, S]
     visible = np.arange(cache.length)[None, :] <= (n_past + np.arange(t_new))[:, None]  # [T, S]
+    if allowed is not None:
+        visible = visible & allowed.reshape(hkv, group, t_new, cache.length)
     scores = np.where(visible, scores, -np.inf)
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)

@@ -74,6 +74,13 @@ class ReferenceBackend:
         self.config = self.model.cfg
         counter.enter("ready")
 
+    @classmethod
+    def from_model(cls, model: Any, kv: str = "f16") -> "ReferenceBackend":
+        """A backend around a `ReferenceModel` built in memory (tests, fixtures: no GGUF file, no profile)."""
+        backend = cls.__new__(cls)
+        backend.model, backend.config, backend.kv, backend.sparse_profile = model, model.cfg, kv_format(kv), None
+        return backend
+
     def new_sequence(self) -> Any:
         from engine.reference.state import SequenceState
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from engine.generation.backend import ReferenceBackend
-from engine.generation.kv_formats import kv_format
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import HostSlots, SlotRequest, decode_tokens
 from engine.generation.speculative import MtpSpeculator
@@ -21,13 +20,6 @@ from engine.reference.model import ReferenceModel
 
 GREEDY = SamplingParams(temperature=0.0)
 GREEDY_PENALISED = SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.4)
-
-
-class ModelBackend(ReferenceBackend):
-    """The reference backend around a model built in memory (no GGUF file needed)."""
-
-    def __init__(self, model: ReferenceModel):
-        self.model, self.config, self.kv = model, model.cfg, kv_format("f16")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +40,8 @@ def generate(slots: HostSlots, ids: list[int], params: SamplingParams, n: int) -
 @pytest.mark.parametrize("params", [GREEDY, GREEDY_PENALISED], ids=["greedy", "penalised"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_greedy_output_is_identical_with_and_without_speculation(model, k, params):
-    spec = HostSlots(ModelBackend(model), 1, draft_tokens=k)
-    plain = HostSlots(ModelBackend(model), 1, speculative=False)
+    spec = HostSlots(ReferenceBackend.from_model(model), 1, draft_tokens=k)
+    plain = HostSlots(ReferenceBackend.from_model(model), 1, speculative=False)
     assert plain.speculation_stats is None
     for seed in range(3):
         ids = prompt(seed)
@@ -85,8 +77,8 @@ def test_checkpoint_restores_the_exact_state(model):
 def test_state_after_speculation_equals_a_plain_run(model, k):
     """After rounds with rejections, trunk and head caches hold what token-by-token decoding gives them."""
     ids = prompt(7)
-    spec = HostSlots(ModelBackend(model), 1, draft_tokens=k)
-    upkeep_only = HostSlots(ModelBackend(model), 1, draft_tokens=k)  # head kept in step, no drafts
+    spec = HostSlots(ReferenceBackend.from_model(model), 1, draft_tokens=k)
+    upkeep_only = HostSlots(ReferenceBackend.from_model(model), 1, draft_tokens=k)  # head kept in step, no drafts
     tokens = generate(spec, ids, SamplingParams(temperature=0.8, seed=3), 30)
     assert spec.speculation_stats.accepted < spec.speculation_stats.drafted
     consumed = ids + tokens[:-1]
@@ -109,7 +101,7 @@ def test_state_after_speculation_equals_a_plain_run(model, k):
 
 
 def test_requests_without_speculation_and_logprob_requests_take_plain_steps(model):
-    slots = HostSlots(ModelBackend(model), 1)
+    slots = HostSlots(ReferenceBackend.from_model(model), 1)
     ids = prompt(1)
     for request in (SlotRequest(GREEDY, ids, speculative=False), SlotRequest(GREEDY, ids, host_logits=True)):
         slots.reset_slot(0)
@@ -124,7 +116,7 @@ def test_requests_without_speculation_and_logprob_requests_take_plain_steps(mode
 
 def test_snapshot_carries_the_heads_owed_rows(model):
     ids = prompt(9)
-    slots = HostSlots(ModelBackend(model), 2, draft_tokens=2)
+    slots = HostSlots(ReferenceBackend.from_model(model), 2, draft_tokens=2)
     slots.prefill_slot(0, ids[:-1])
     snap = slots.snapshot_slot(0)  # owes the head row of the last prompt token but one
     slots.prefill_slot(0, ids[-1:])
@@ -138,7 +130,7 @@ def test_snapshot_carries_the_heads_owed_rows(model):
 
 def test_decode_tokens_honours_max_tokens_and_stop_ids_inside_a_run(model):
     ids = prompt(2)
-    slots = HostSlots(ModelBackend(model), 1, draft_tokens=2)
+    slots = HostSlots(ReferenceBackend.from_model(model), 1, draft_tokens=2)
     full = generate(slots, ids, GREEDY, 30)
     runs_of_several = slots.speculation_stats.emitted > slots.speculation_stats.rounds
     assert runs_of_several

@@ -41,21 +41,15 @@ class Checkpoint:
         """Back to the checkpoint's trunk: later KV rows dropped, GDN states as they were."""
         state.n_tokens, state.next_position = self.n_tokens, self.next_position
         for i, length in self.kv_lengths.items():
-            _truncate(state.kv[i], length)
+            state.kv[i].truncate(length)
         for i, (conv, recurrent) in self.gdn.items():
             state.gdn[i].conv, state.gdn[i].recurrent = conv.copy(), recurrent.copy()
 
     def restore_mtp(self, state: SequenceState) -> None:
         """Back to the checkpoint's MTP caches (drops chained draft rows)."""
         for block, (length, position) in zip(state.mtp, self.mtp):
-            _truncate(block.kv, length)
+            block.kv.truncate(length)
             block.next_position = position
-
-
-def _truncate(cache, length: int) -> None:
-    if length > cache.length:
-        raise ValueError(f"cannot roll a cache of {cache.length} rows forward to {length}")
-    cache.length = length
 
 
 class MtpTrail:

@@ -78,6 +78,13 @@ class KVCache:
         self._v.write(self.length, self.v_codec.encode(v))
         self.length += k.shape[0]
 
+    def truncate(self, length: int) -> None:
+        """Forget the rows from `length` on (rolling back rejected speculative tokens); rows are kept in
+        order, so the first `length` are exactly the state before those tokens."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} rows to {length}")
+        self.length = length
+
     def stored(self) -> tuple[np.ndarray, ...]:
         """The stored rows as arrays: (k, v) fp32 for f16, else (k codes, k side, v codes, v side)."""
         k, v = self._k.head(self.length), self._v.head(self.length)

@@ -102,6 +102,8 @@ class _Uploader:
         self.card, self.mf, self.progress = card, mf, progress
 
     def _done(self, *names: str) -> None:
+        for name in names:  # on the card now: the host copy may leave the page cache
+            self.mf.release(name)
         if self.progress is not None:
             self.progress.add(sum(self.mf.tensors[n].n_bytes for n in names))
 

@@ -8,6 +8,7 @@ numpy (torch) order, i.e. the GGUF `ne` order reversed: a matmul weight comes ba
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gguf.quants import dequantize, quant_shape_to_byte_shape
 
 from engine.errors import ModelFileError
 from engine.gguf.header import TensorInfo, map_file, parse_header, show
+from engine.gguf.streaming_read import drop_cached
 
 __all__ = ["SUPPORTED_TYPES", "ModelFile", "TensorInfo"]
 
@@ -82,6 +84,17 @@ class ModelFile:
             )
         values = dequantize(self.raw(name), info.ggml_type)
         return np.ascontiguousarray(values.reshape(info.numpy_shape), dtype=np.float32)
+
+    def release(self, name: str) -> None:
+        """Drop the tensor's pages from this process and from the page cache once it has been copied
+        elsewhere (to a card): loading a model bigger than host RAM must not fill the cache (rigs often
+        have 8 GB). Pages shared with a neighbouring tensor are simply read again if needed."""
+        info = self._info(name)
+        start = info.offset - info.offset % mmap.PAGESIZE
+        length = info.offset + info.n_bytes - start
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED, start, min(length, len(self._map) - start))
+        drop_cached(self.path, start, length)
 
     def _info(self, name: str) -> TensorInfo:
         try:

@@ -55,3 +55,20 @@ def test_pipeline_hands_rows_between_cards(demo):
         assert np.isfinite(pipe.forward_last([1, 2, 3], seq)).all()
     finally:
         pipe.close()
+
+
+def test_uploading_weights_leaves_the_file_out_of_the_page_cache(demo):
+    """Each tensor's pages are dropped once it is on the card, so a model larger than host RAM loads."""
+    from engine.gguf.model_file import ModelFile
+    from engine.gguf.streaming_read import cached_fraction
+
+    path = demo.path
+    path.read_bytes()  # now cached
+    before = cached_fraction(path)
+    if before is None:
+        pytest.skip("mincore is not available here")
+    mf = ModelFile(path)
+    upload_weights(FakeCard(), mf, demo.config)
+    after = cached_fraction(path)
+    print(f"page cache: {before:.2f} of the file before the upload, {after:.2f} after")
+    assert before > 0.5 and after < 0.2

@@ -25,6 +25,7 @@ from engine.server.model_service import ModelService
 from engine.server.worker import GenerationWorker
 
 from app.chat_engine import ChatEngine, ModelInfo
+from app.engine_thread import EngineThread
 
 DEMO_LABEL = "demo model, random weights: output is gibberish"
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class ModelLoader(QObject):
         snapshots = SnapshotSettings.for_model(loaded.file, service.template.source)
         worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context, progress=self._progress,
                                                        kv=request.kv_format, cards=cards), service.tokenizer,
-                                  prefix_cache_bytes=default_host_budget(), snapshots=snapshots)
+                                  prefix_cache_bytes=default_host_budget(), snapshots=snapshots,
+                                  thread_factory=EngineThread)
         self.stage.emit("opening the backend")
         worker.start()
         label = DEMO_LABEL if request.path is None else ""

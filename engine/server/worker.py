@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from engine.errors import RigllmError
 from engine.generation.backend import Backend
@@ -29,6 +30,23 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 log = logging.getLogger(__name__)
 
+class OwnerThread(Protocol):
+    """What the worker needs of its thread: start it, ask whether it runs, wait for its end."""
+
+    def start(self) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def join(self) -> None: ...
+
+
+ThreadFactory = Callable[[Callable[[], None], str], OwnerThread] | None
+
+
+def _plain_thread(target: Callable[[], None], name: str) -> OwnerThread:
+    return threading.Thread(target=target, name=name, daemon=True)
+
+
 class QueueFull(Exception):
     """More requests are waiting than the queue holds."""
 
@@ -40,10 +58,13 @@ class ImagesUnsupported(APIError, RigllmError):
 class GenerationWorker:
     def __init__(self, open_backend: Callable[[], Backend], tokenizer: Tokenizer, max_queue: int = 16,
                  slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-                 snapshots: SnapshotSettings | None = None, speculative: bool = True):
+                 snapshots: SnapshotSettings | None = None, speculative: bool = True,
+                 thread_factory: ThreadFactory = None):
         """`slots`: requests decoded together (a backend with its own slot count keeps that one);
         `prefix_cache_bytes`: host memory for kept turn-boundary states (0 disables the cache);
-        `snapshots`: also save those states to disk and load them back (restarts, switching chats)."""
+        `snapshots`: also save those states to disk and load them back (restarts, switching chats).
+        `thread_factory(target, name)` makes the thread that owns the backend (contracts.md "Threads and
+        ownership"): a plain daemon thread by default; the desktop app passes a QThread-backed one."""
         self._speculative = speculative
         self._open_backend = open_backend
         self._tokenizer = tokenizer
@@ -56,7 +77,7 @@ class GenerationWorker:
         self._scheduler: Scheduler | None = None
         self._stopping = False
         self.backend_name = ""
-        self._thread = threading.Thread(target=self._run, name="rigllm-generation", daemon=True)
+        self._thread = (thread_factory or _plain_thread)(self._run, "rigllm-generation")
 
     def start(self) -> None:
         """Start the thread and wait until it has opened the backend (re-raising its failure here)."""

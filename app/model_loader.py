@@ -103,7 +103,8 @@ class ModelLoader(QObject):
         # restarting the app restores a conversation instead of re-prefilling it
         snapshots = SnapshotSettings.for_model(loaded.file, service.template.source)
         worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context, progress=self._progress,
-                                                       kv=request.kv_format, cards=cards), service.tokenizer,
+                                                       kv=request.kv_format, cards=cards,
+                                                       thread_factory=EngineThread), service.tokenizer,
                                   prefix_cache_bytes=default_host_budget(), snapshots=snapshots,
                                   thread_factory=EngineThread)
         self.stage.emit("opening the backend")

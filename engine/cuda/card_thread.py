@@ -19,9 +19,14 @@ T = TypeVar("T")
 
 
 class CardThread:
-    def __init__(self, name: str):
+    def __init__(self, name: str, thread_factory: Callable[[Callable[[], None], str], Any] | None = None):
+        """`thread_factory(target, name)`: the thread to run on (a plain daemon thread by default; the
+        desktop app passes a QThread-backed one: contracts.md "Threads and ownership")."""
         self._tasks: queue.Queue[tuple[Callable[[], Any], Future] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        if thread_factory is None:
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        else:
+            self._thread = thread_factory(self._run, name)
         self._thread.start()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future:

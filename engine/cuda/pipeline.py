@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -128,10 +129,11 @@ class PipelineBackend:
                  slots: int = 1, chunk: int = DEFAULT_CHUNK, split: Sequence[int] | None = None,
                  progress: ProgressCallback | None = None, bridge: BridgeModel | None = None,
                  config: ModelConfig | None = None, weights_for: WeightsFor | None = None, kv: str = "f16",
-                 card_factory: Callable[..., CudaCard] = CudaCard):
+                 card_factory: Callable[..., CudaCard] = CudaCard, thread_factory: Callable[..., Any] | None = None):
         """`split`: layers per card (default: the memory plan's split by free memory and per-layer cost).
         `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card);
-        `card_factory` makes each card's context (tests on machines without a GPU pass a stand-in)."""
+        `card_factory` makes each card's context (tests on machines without a GPU pass a stand-in);
+        `thread_factory(target, name)` makes each card's thread (see `CardThread`)."""
         if not cards:
             raise RigllmError("a pipeline needs at least one card")
         cfg = loaded.config if loaded is not None else config
@@ -140,7 +142,7 @@ class PipelineBackend:
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.slot_count, self.prefill_chunk, self.bridge = slots, chunk, bridge
         self.kv = kv_format(kv)
-        self.threads = [CardThread(f"rigllm-card{i}") for i in range(len(cards))]
+        self.threads = [CardThread(f"rigllm-card{i}", thread_factory) for i in range(len(cards))]
         self.stages: list[_Stage] = []
         try:
             self.stages = [t.call(_Stage, i, spec, card_factory) for i, (t, spec) in enumerate(zip(self.threads, cards))]

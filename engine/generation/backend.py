@@ -7,6 +7,7 @@ numpy reference backend; the CUDA backend plugs in here with the same two method
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -102,7 +103,8 @@ class ReferenceBackend:
 
 def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
                  progress: ProgressCallback | None = None, slots: int = 1, cards: Sequence[Any] | None = None,
-                 split: Sequence[int] | None = None, kv: str = "f16", sparse: bool = False) -> Backend:
+                 split: Sequence[int] | None = None, kv: str = "f16", sparse: bool = False,
+                 thread_factory: Callable[..., Any] | None = None) -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
@@ -111,6 +113,7 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     backend allocates a KV cache and GDN state for each; the reference makes them on demand).
     `cards`: `engine.cuda.pipeline.CardSpec`s to spread the layers over (default: GPU 0 alone); `split`:
     layers per card (default: the memory plan's split). `kv`: the KV cache format (f16, k8v3, ...).
+    `thread_factory(target, name)` makes each card's thread on several cards (the app passes QThreads).
     """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
@@ -130,7 +133,8 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         if cards is not None and (len(cards) > 1 or split is not None):
             from engine.cuda.pipeline import PipelineBackend
 
-            return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv)
+            return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv,
+                                   thread_factory=thread_factory)
         spec = cards[0] if cards else None
         return CudaBackend(loaded, context=context, slots=slots, progress=progress, kv=kv,
                            card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None)

@@ -72,3 +72,20 @@ def test_uploading_weights_leaves_the_file_out_of_the_page_cache(demo):
     after = cached_fraction(path)
     print(f"page cache: {before:.2f} of the file before the upload, {after:.2f} after")
     assert before > 0.5 and after < 0.2
+
+
+def test_the_pipeline_runs_its_cards_on_threads_from_the_factory(demo):
+    import threading
+
+    made: list[str] = []
+
+    def factory(target, name):
+        made.append(name)
+        return threading.Thread(target=target, name=name, daemon=True)
+
+    pipe = PipelineBackend(demo, [CardSpec(0)] * 2, context=64, chunk=16, card_factory=FakeCard, thread_factory=factory)
+    try:
+        pipe.prefill_slot(0, list(range(20)))
+    finally:
+        pipe.close()
+    assert made == ["rigllm-card0", "rigllm-card1"]

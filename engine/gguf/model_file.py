@@ -88,7 +88,7 @@ class ModelFile:
     def release(self, name: str) -> None:
         """Drop the tensor's pages from this process and from the page cache once it has been copied
         elsewhere (to a card): loading a model bigger than host RAM must not fill the cache (rigs often
-        have 8 GB). Pages shared with a neighbouring tensor are simply read again if needed."""
+        have 8 GB). The kernel keeps the pages a neighbouring tensor shares (at most two per tensor)."""
         info = self._info(name)
         start = info.offset - info.offset % mmap.PAGESIZE
         length = info.offset + info.n_bytes - start

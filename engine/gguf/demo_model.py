@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.demo_corpus import DEMO_CORPUS
-from engine.generation.train_tokenizer import train_byte_level_bpe
+from engine.generation.train_tokenizer import TrainedTokenizer, train_byte_level_bpe
 from engine.gguf.config import ModelConfig
 from engine.gguf.synthetic import write_random_model
 from engine.gguf.vocab import Vocab
@@ -59,7 +59,11 @@ def demo_version(template: str) -> str:
 
 def demo_vocab(template: str) -> Vocab:
     """The demo tokenizer: BPE trained on the built-in corpus, Qwen3.5 specials, Qwen3.5 eos/pad roles."""
-    trained = train_byte_level_bpe(DEMO_CORPUS, DEMO_CONFIG.vocab_size)
+    return trained_vocab(train_byte_level_bpe(DEMO_CORPUS, DEMO_CONFIG.vocab_size), template)
+
+
+def trained_vocab(trained: TrainedTokenizer, template: str | None) -> Vocab:
+    """The GGUF vocabulary of a tokenizer trained here, with Qwen3.5's eos/pad roles (demo and fixtures)."""
     return Vocab(
         tokens=trained.tokens,
         token_types=trained.token_types,

@@ -129,21 +129,20 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
             return error_response(500, result.message)
         return JSONResponse(result)
 
-    async def chat_completions(req: ChatCompletionRequest):
+    async def answer(req: ChatCompletionRequest | CompletionRequest, chat: bool):
         service, worker = models.require()
         sink = AsyncSink(asyncio.get_running_loop())
-        job = await asyncio.to_thread(service.chat_job, req, sink)
+        make_job = service.chat_job if chat else service.completion_job
+        job = await asyncio.to_thread(make_job, req, sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(worker, job, sink, CompletionShape(service.model_id, chat=True), bool(req.stream),
+        return await run(worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)
 
+    async def chat_completions(req: ChatCompletionRequest):
+        return await answer(req, chat=True)
+
     async def completions(req: CompletionRequest):
-        service, worker = models.require()
-        sink = AsyncSink(asyncio.get_running_loop())
-        job = await asyncio.to_thread(service.completion_job, req, sink)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(worker, job, sink, CompletionShape(service.model_id, chat=False), bool(req.stream),
-                         include_usage)
+        return await answer(req, chat=False)
 
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])

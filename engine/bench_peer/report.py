@@ -10,14 +10,14 @@ the fraction of an H200 ceiling reached, applied to the CMP's ceiling for the sa
 * Prefill, rigllm: matmul ops per token (2 × trunk matmul weights; attention score work not counted)
   × tokens/s as a fraction of the DP4A peak measured in the same call, applied to the CMP's 17.2 DP4A
   TOPS (the same as `rigllm bench`'s H200 time × DP4A-peak ratio).
-* Prefill, llama.cpp: on the H200 its MMQ kernels run on int8 tensor cores (`mma`), whatever
-  GGML_CUDA_FORCE_MMQ says (mmq.cu: `turing_mma_available` returns true before that flag is read), so
-  its fraction is taken of the int8 tensor-core peak measured in the same call (tensor_peak.py). On
-  the CMP those tensor cores are throttled (about 6 TFLOP/s), and a CMP user builds with
-  GGML_CUDA_FORCE_MMQ so the DP4A MMQ path runs; the projection assumes that path reaches the same
-  fraction of the CMP's DP4A peak as the mma path reaches of the H200's tensor-core peak. That is an
-  assumption, not a measurement: llama.cpp's published CMP numbers (LLAMA_CMP_PUBLISHED, probably on
-  the fp16 cuBLAS path, anchor-qengine.md §1.3) sit next to it for a check.
+* Prefill, llama.cpp: not projected. On the H200 its MMQ kernels run on int8 tensor cores (`mma`),
+  whatever GGML_CUDA_FORCE_MMQ says (mmq.cu: `turing_mma_available` returns true before that flag is
+  read); the CMP's Volta has no int8 tensor cores at all (its fp16 ones are throttled), so there llama.cpp
+  runs a different kernel (DP4A MMQ with FORCE_MMQ, or fp16 cuBLAS) whose efficiency the H200 cannot
+  show. An earlier version took llama.cpp's fraction of a `torch._int_mm` "tensor peak"; on the H200 that
+  probe measured 126 TOPS, less than llama.cpp itself reached (128 TOPS at 9B, 18K), so it was no
+  ceiling and the projection was dropped. llama.cpp's published CMP numbers (LLAMA_CMP_PUBLISHED,
+  anchor-qengine.md §1.1) are printed under each table instead.
 """
 
 from __future__ import annotations
@@ -63,12 +63,11 @@ def prefill_projection(tps: float, ops_per_token: int, peak_tops: float | None) 
 
 
 def compare_shape(shape: str, cfg: ModelConfig, ours: dict[str, Any] | None, llama: dict[str, dict[str, Any]],
-                  int8_tensor_tops: float | None, read_gbps: float | None = None) -> dict[str, Any]:
+                  read_gbps: float | None = None) -> dict[str, Any]:
     """One shape's table: per prompt length and per depth, each engine's tokens/s, the ratios
     rigllm ÷ llama.cpp (per llama.cpp variant), the fractions and the projections. `read_gbps` is
     needed when `ours` is None (llama.cpp only)."""
     ceilings = dict(ours["ceilings"]) if ours else {"read_gb_per_s": read_gbps}
-    ceilings["int8_tensor_tops"] = int8_tensor_tops
     read = ceilings["read_gb_per_s"]
     ops = matmul_ops_per_token(cfg)
     prompts = sorted(set(ours["prefill_tokens_per_s"] if ours else ()) |
@@ -85,7 +84,7 @@ def compare_shape(shape: str, cfg: ModelConfig, ours: dict[str, Any] | None, lla
             theirs = v["prefill_tokens_per_s"].get(n)
             if theirs is None:
                 continue
-            row["llama"][name] = {"tokens_per_s": theirs, **prefill_projection(theirs, ops, int8_tensor_tops)}
+            row["llama"][name] = {"tokens_per_s": theirs}
             if mine is not None:
                 row["ratio"][name] = mine / theirs
         prefill[n] = row
@@ -127,8 +126,8 @@ def markdown_table(shape_result: dict[str, Any], variants: list[str]) -> str:
     head = ["test", "rigllm t/s"] + [f"llama.cpp {v} t/s" for v in variants] + [f"ratio vs {v}" for v in variants]
     head += ["rigllm % of peak", f"llama.cpp {first} % of peak" if first else "llama.cpp % of peak",
              "projected CMP rigllm t/s", f"projected CMP llama.cpp {first} t/s" if first else "projected CMP llama.cpp t/s"]
-    title = (f"**{shape_result['shape']} shape** (prefill peaks: DP4A for rigllm, int8 tensor cores for llama.cpp; "
-             "decode: the read ceiling)")
+    title = (f"**{shape_result['shape']} shape** (% of peak: prefill of the DP4A peak, rigllm only — llama.cpp's "
+             "prefill runs on int8 tensor cores here; decode of the read ceiling)")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def row(label: str, r: dict[str, Any], frac_key: str) -> str:
@@ -146,4 +145,53 @@ def markdown_table(shape_result: dict[str, Any], variants: list[str]) -> str:
         lines.append(row(f"prefill {_tokens(int(n))}", r, "fraction_of_peak"))
     for d, r in shape_result["decode"].items():
         lines.append(row(f"decode at depth {_tokens(int(d))}", r, "fraction_of_read_ceiling"))
+    published = shape_result.get("llama_cmp_published")
+    if published:
+        lines += ["", f"llama.cpp measured on CMP 100-210 cards (published, not by us): {published_text(published)}"]
     return "\n".join(lines)
+
+
+def published_text(published: dict[str, Any]) -> str:
+    """LLAMA_CMP_PUBLISHED's entry for one shape as one line of prose."""
+    parts = []
+    for key, value in published.items():
+        label = key.replace("_tokens_per_s", "").replace("_", " ")
+        if isinstance(value, dict):
+            parts.append(f"{label} " + ", ".join(f"{n} tokens {v:g} t/s" for n, v in value.items()))
+        else:
+            parts.append(f"{label} {value:g} t/s")
+    return "; ".join(parts) + "."
+
+
+def rerender(saved: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A saved `peer-bench.json` with its comparisons recomputed from the raw measurements it holds (no
+    GPU needed), and the markdown tables: how a change to this file's method reaches a past run."""
+    from engine.gguf.shapes import shape_config
+
+    tables = []
+    for shape, entry in saved["shapes"].items():
+        def ints(d: dict[str, Any]) -> dict[int, Any]:
+            return {int(k): v for k, v in d.items()}
+
+        ours = entry["rigllm"] and {**entry["rigllm"], "prefill_tokens_per_s": ints(entry["rigllm"]["prefill_tokens_per_s"]),
+                                    "decode_tokens_per_s": ints(entry["rigllm"]["decode_tokens_per_s"])}
+        llama = {name: {**v, "prefill_tokens_per_s": ints(v["prefill_tokens_per_s"]),
+                        "decode_tokens_per_s": ints(v["decode_tokens_per_s"])} for name, v in entry["llama"].items()}
+        read = None if ours else entry["comparison"]["ceilings"].get("read_gb_per_s")
+        entry["comparison"] = compare_shape(shape, shape_config(shape), ours, llama, read)
+        tables.append(markdown_table(entry["comparison"], list(llama)))
+    return saved, "\n\n".join(tables)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    from pathlib import Path
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m engine.bench_peer.report peer-bench.json   (rewrites its comparisons, writes the .md, prints the tables)")
+    path = Path(sys.argv[1])
+    result, text = rerender(json.loads(path.read_text()))
+    path.write_text(json.dumps(result, indent=1, default=str))
+    path.with_suffix(".md").write_text(text + "\n")
+    print(text)

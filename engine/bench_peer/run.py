@@ -2,7 +2,7 @@
 
 Steps (see the package docstring): get a CUDA wheel of llama-cpp-python (`--wheel` file or folder, or
 built from `--sdist` into `--out` while the synthetic GGUFs are written), install it into a temporary
-folder, measure the int8 tensor-core peak, then per shape: llama.cpp once per `--llama-variant` (each a
+folder, then per shape: llama.cpp once per `--llama-variant` (each a
 child process with its own environment), rigllm in this process; write `peer-bench.json` and
 `peer-bench.md` into `--out` and print the markdown.
 
@@ -151,14 +151,6 @@ def run_llama(wheel_site: Path, model: Path, name: str, env: dict[str, str], arg
     return {**json.loads(out.read_text()), "command": " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)}
 
 
-def tensor_peak() -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-m", "engine.bench_peer.tensor_peak"], capture_output=True, text=True,
-                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
-    if result.returncode != 0:
-        return {"int8_tensor_tops": None, "why": result.stderr.strip()[-500:]}
-    return json.loads(result.stdout)
-
-
 def _keys_to_int(d: dict[str, Any]) -> dict[int, Any]:
     return {int(k): v for k, v in d.items()}
 
@@ -183,9 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "command": " ".join([sys.executable, "-m", "engine.bench_peer.run", *sys.argv[1:]]),
         "gpus_before": gpu_state(), "wheel": wheel.name if wheel else None, "cmake_args": build.CMAKE_ARGS,
-        "int8_tensor_peak": tensor_peak() if not args.skip_llama else None, "shapes": {},
+        "shapes": {},
     }
-    int8_tops = (result["int8_tensor_peak"] or {}).get("int8_tensor_tops")
     tables = []
     for shape in shapes:
         model = ensure_model(args.models, shape)
@@ -204,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             from engine.bench_peer.ours import measure_ours
 
             cfg, ours = measure_ours(model, shape, args.prompts, args.depths, args.steps, args.reps)
-        table = compare_shape(shape, cfg, ours, llama, int8_tops)
+        table = compare_shape(shape, cfg, ours, llama)
         result["shapes"][shape] = {"model": model.name, "rigllm": ours, "llama": llama, "comparison": table}
         tables.append(markdown_table(table, [n for n, _ in variants] if llama else []))
         (args.out / "peer-bench.json").write_text(json.dumps(result, indent=1, default=str))  # after each shape

@@ -442,6 +442,7 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 
 ATTN_DECODE_ENTRIES(32)
 ATTN_DECODE_ENTRIES(64)
+ATTN_DECODE_ENTRIES(128)
 ATTN_DECODE_ENTRIES(256)
 
 #define ATTN_PREFILL_ENTRY(DH)                                                                             \
@@ -456,4 +457,5 @@ ATTN_DECODE_ENTRIES(256)
 
 ATTN_PREFILL_ENTRY(32)
 ATTN_PREFILL_ENTRY(64)
+ATTN_PREFILL_ENTRY(128)
 ATTN_PREFILL_ENTRY(256)

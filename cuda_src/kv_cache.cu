@@ -567,6 +567,9 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
     KV_DECODE_ENTRY(FMT, KC, VC, 256, 4)        \
     KV_DECODE_ENTRY(FMT, KC, VC, 256, 6)        \
     KV_DECODE_ENTRY(FMT, KC, VC, 256, 8)        \
+    KV_DECODE_ENTRY(FMT, KC, VC, 128, 1)        \
+    KV_DECODE_ENTRY(FMT, KC, VC, 128, 2)        \
+    KV_DECODE_ENTRY(FMT, KC, VC, 128, 4)        \
     KV_DECODE_ENTRY(FMT, KC, VC, 64, 1)         \
     KV_DECODE_ENTRY(FMT, KC, VC, 64, 2)         \
     KV_DECODE_ENTRY(FMT, KC, VC, 64, 4)         \
@@ -574,6 +577,7 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
     KV_DECODE_ENTRY(FMT, KC, VC, 32, 2)         \
     KV_DECODE_ENTRY(FMT, KC, VC, 32, 4)         \
     KV_PREFILL_ENTRY(FMT, KC, VC, 256)          \
+    KV_PREFILL_ENTRY(FMT, KC, VC, 128)          \
     KV_PREFILL_ENTRY(FMT, KC, VC, 64)           \
     KV_PREFILL_ENTRY(FMT, KC, VC, 32)
 

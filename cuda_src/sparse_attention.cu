@@ -586,4 +586,5 @@ __device__ __forceinline__ void sparse_prefill(const float* __restrict__ q, cons
 
 SPARSE_ENTRIES(32)
 SPARSE_ENTRIES(64)
+SPARSE_ENTRIES(128)
 SPARSE_ENTRIES(256)

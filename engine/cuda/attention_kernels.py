@@ -27,9 +27,9 @@ PREFILL_THREADS = 256  # PF_THREADS / KV_PF_THREADS
 PREFILL_ROWS = 64  # PF_BQ / KV_PF_BQ: query rows (token, head of the group) per prefill block
 ENCODE_THREADS = 128  # KV_ENCODE_THREADS
 ROTATE_THREADS = 128  # kv::BLOCK
-HEAD_DIMS = (32, 64, 256)  # instantiated head widths
+HEAD_DIMS = (32, 64, 128, 256)  # instantiated head widths (128: the trained fixtures)
 GROUPS = (1, 2, 4, 6, 8)  # GQA group sizes of the fp16 decode kernels (attention.cu), every head width
-KV_DECODE_GROUPS = {256: GROUPS, 64: (1, 2, 4), 32: (1, 2, 4)}  # kv_cache.cu's decode entries
+KV_DECODE_GROUPS = {256: GROUPS, 128: (1, 2, 4), 64: (1, 2, 4), 32: (1, 2, 4)}  # kv_cache.cu's decode entries
 QUANTISED_KERNEL_FORMATS = tuple(f for f in CUDA_KERNEL_FORMATS if f != "f16")  # kv_cache.cu entry points
 MAX_PREFILL_SPLITS = 8
 

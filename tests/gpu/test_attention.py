@@ -143,7 +143,7 @@ def reference_merge(part_m, part_l, part_o, gate):
     return o / (1.0 + np.exp(-gate.astype(np.float64)))
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 def test_merge_gate(card, rng, head_dim):
     """Synthetic partials with empty splits (their o is NaN: never read) and the gate in its own buffer."""
     n_tok, n_head, n_splits = 3, 4, 5

@@ -110,7 +110,7 @@ def check_encoded(codec_spec, got: Encoded, want: Encoded, x: np.ndarray, what: 
 
 
 @pytest.mark.parametrize("codec_spec", [INT8, WHT4, WHT3], ids=lambda c: c.name)
-@pytest.mark.parametrize("head_dim", [32, 64, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 @pytest.mark.parametrize("n_tok, pos, capacity", [(1, 0, 4), (5, 7, 20), (9, 300, 305)])
 def test_encode(card, rng, tables, codec_spec, head_dim, n_tok, pos, capacity):
     """Rows pos..pos+T-1 (those under the capacity) encoded as the reference does; other rows untouched."""
@@ -139,7 +139,7 @@ def test_encode(card, rng, tables, codec_spec, head_dim, n_tok, pos, capacity):
     assert code_row_bytes(codec_spec, head_dim) == got.codes.reshape(capacity, n_head_kv, -1).view(np.uint8).shape[-1]
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 def test_rotate_q(card, rng, tables, head_dim):
     q = (3.0 * rng.standard_normal((7, head_dim))).astype(np.float32)
     width = domain_width(WHT3, head_dim)

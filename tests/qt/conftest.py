@@ -34,8 +34,8 @@ def rig():
 
 
 @pytest.fixture
-def window(qtbot, store, qsettings, rig):
-    """The main window with the demo model loaded on the CPU and short, greedy answers."""
+def bare_window(qtbot, store, qsettings, rig):
+    """The main window with no model loaded and short, greedy answers."""
     from dataclasses import replace
 
     from app.ui.main_window import MainWindow
@@ -44,11 +44,17 @@ def window(qtbot, store, qsettings, rig):
     qtbot.addWidget(win)
     win.settings = replace(win.settings, max_tokens=6, thinking=False, temperature=0.0)
     win.show()
-    win.start_default_model(None)
-    qtbot.waitUntil(lambda: win.engine is not None, timeout=120_000)
     yield win
     win.close()
     destroy_in_gui_thread(win)
+
+
+@pytest.fixture
+def window(qtbot, bare_window):
+    """The main window with the demo model loaded on the CPU."""
+    bare_window.start_default_model(None)
+    qtbot.waitUntil(lambda: bare_window.engine is not None, timeout=120_000)
+    return bare_window
 
 
 def destroy_in_gui_thread(widget) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from conftest import Recorder, destroy_in_gui_thread, free_port
+from conftest import Recorder, free_port
 
 from engine.server.access import KEYRING_SERVICE
 from engine.telemetry import NO_GPU
@@ -50,27 +50,13 @@ def served_rig():
             proc.communicate()
 
 
-@pytest.fixture
-def app_window(qtbot, store, qsettings, rig):
-    """The main window on this computer (three fake local cards), no model loaded, short greedy answers."""
-    from app.ui.main_window import MainWindow
-
-    win = MainWindow(store, qsettings, rig, poll_ms=100)
-    qtbot.addWidget(win)
-    win.settings = replace(win.settings, max_tokens=6, thinking=False, temperature=0.0)
-    win.show()
-    yield win
-    win.close()
-    destroy_in_gui_thread(win)
-
-
 def rig_health(link: RigLink) -> dict:
     return httpx.get(f"{link.base_url}/health", timeout=5).json()
 
 
-def test_the_app_drives_a_headless_rig(qtbot, app_window, served_rig, memory_keyring):
+def test_the_app_drives_a_headless_rig(qtbot, bare_window, served_rig, memory_keyring):
     link, proc = served_rig
-    win = app_window
+    win = bare_window
     assert rig_health(link) == {"status": "no_model", "model": None}
 
     dialog = win.open_connect_dialog()
@@ -148,20 +134,20 @@ def test_the_app_drives_a_headless_rig(qtbot, app_window, served_rig, memory_key
     assert proc.returncode == 0 and "[rigllm] stopped" in err, err
 
 
-def test_a_wrong_key_is_reported_and_the_app_stays_local(qtbot, app_window, served_rig):
+def test_a_wrong_key_is_reported_and_the_app_stays_local(qtbot, bare_window, served_rig):
     link, _proc = served_rig
-    win = app_window
+    win = bare_window
     win.connect_rig(replace(link, key="wrong"))
     qtbot.waitUntil(lambda: win.rig_link is None, timeout=30_000)
     assert "could not connect" in win.statusBar().currentMessage()
     assert "401" in win.statusBar().currentMessage() and win.loader is win.local_loader
 
 
-def test_unload_from_the_app_frees_the_rig(qtbot, app_window, served_rig):
+def test_unload_from_the_app_frees_the_rig(qtbot, bare_window, served_rig):
     link, _proc = served_rig
     httpx.post(f"{link.base_url}/admin/load", json={"context": 512}, headers={"Authorization": f"Bearer {KEY}"},
                timeout=10)
-    win = app_window
+    win = bare_window
     win.connect_rig(link)  # the rig is loading or has loaded: the app follows and adopts the model
     qtbot.waitUntil(lambda: win.engine is not None, timeout=120_000)
     assert win.engine.info.context == 512
@@ -261,9 +247,9 @@ def gated_rig():
     host.close()
 
 
-def test_a_remote_load_shows_the_rigs_cards_and_progress_and_cancel_frees_them(qtbot, app_window, gated_rig):
+def test_a_remote_load_shows_the_rigs_cards_and_progress_and_cancel_frees_them(qtbot, bare_window, gated_rig):
     link, host, gate = gated_rig
-    win = app_window
+    win = bare_window
     win.connect_rig(link)
     qtbot.waitUntil(lambda: win.snapshot is not None and len(win.rig.tiles) == 2, timeout=30_000)
     assert not win.rig.empty.isVisibleTo(win.rig)  # the rig's two cards, not this computer's three

@@ -97,6 +97,11 @@ class CudaBackend:
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         self.slots.prefill_embedded(slot, segment)
 
+    def forward_embedded(self, segment: PromptSegment, sequence: DeviceSequence) -> np.ndarray:
+        """`forward_last` of a multimodal prompt segment (for Backend-protocol callers: `rigllm generate --image`)."""
+        self.slots.prefill_embedded(self.slots.slot_of(sequence), segment)
+        return self.fwd.logits_row(0).download(np.float32, self.config.vocab_size)
+
     # ---- the Backend protocol (slot 0) -----------------------------------------------------------
     def new_sequence(self) -> DeviceSequence:
         """Slot 0, reset (for single-sequence callers: CLI generation, backend comparisons)."""

@@ -323,6 +323,14 @@ class PipelineBackend:
 
     def forward_last(self, token_ids: Sequence[int], sequence: PipelineSequence) -> np.ndarray:
         self.prefill_slot(sequence.slot, token_ids)
+        return self._last_logits()
+
+    def forward_embedded(self, segment: PromptSegment, sequence: PipelineSequence) -> np.ndarray:
+        """`forward_last` of a multimodal prompt segment (for Backend-protocol callers: `rigllm generate --image`)."""
+        self.prefill_embedded(sequence.slot, segment)
+        return self._last_logits()
+
+    def _last_logits(self) -> np.ndarray:
         last = self.stages[-1].decoder
         return self.threads[-1].call(lambda: last.fwd.logits_row(0).download(np.float32, self.config.vocab_size))
 

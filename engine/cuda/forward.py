@@ -29,9 +29,9 @@ kernels below receive each segment's pointer and row stride separately.
 
 from __future__ import annotations
 
-import numpy as np
-
 from collections.abc import Sequence
+
+import numpy as np
 
 from engine.cuda.attention_kernels import (
     MAX_PREFILL_SPLITS, AttnDims, RopeArgs, alloc_partials, attn_decode_f16, attn_merge_gate, attn_prefill_f16,
@@ -168,8 +168,8 @@ class ForwardPass:
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         if self.embeds:
             embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
-            for first, block in embedded:  # stream-ordered after the embedding it overwrites
-                _rows(self.h, self.cfg.d_model, first, len(block)).upload_async(np.asarray(block, np.float32))
+            for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers
+                _rows(self.h, self.cfg.d_model, first, len(block)).upload(np.asarray(block, np.float32))
         for i, layer in zip(self.w.span, self.w.layers):
             self._layer(i, layer, n, seqs, positions)
 

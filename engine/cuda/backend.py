@@ -27,7 +27,7 @@ from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
-from engine.vision.device_footprint import tower_footprint
+from engine.vision.device_footprint import with_tower
 from engine.vision.encoder import ImageEncoder
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
@@ -77,10 +77,9 @@ class CudaBackend:
         total = self.card.capacity_bytes or self.card.total_bytes
         other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
         profile = CardProfile(self.card.name, total, other_used_bytes=other)
-        tower = tower_footprint(mmproj.config) if mmproj is not None else None
-        return plan(footprint_of(loaded), [profile], self.context * self.slot_count, self.kv,
-                    n_seqs=self.slot_count, prefill_chunk=self.chunk,
-                    vision_bytes=(tower.weight_bytes, tower.scratch_bytes) if tower else (0, 0))
+        fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
+        return plan(fp, [profile], self.context * self.slot_count, self.kv, n_seqs=self.slot_count,
+                    prefill_chunk=self.chunk)
 
     # ---- images (ImagePrefill) -------------------------------------------------------------------
     @property

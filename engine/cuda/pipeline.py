@@ -43,7 +43,7 @@ from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_toke
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
-from engine.vision.device_footprint import tower_footprint
+from engine.vision.device_footprint import with_tower
 from engine.vision.encoder import ImageEncoder
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
@@ -169,11 +169,9 @@ class PipelineBackend:
             self.stages = [t.call(_Stage, i, spec, card_factory) for i, (t, spec) in enumerate(zip(self.threads, cards))]
             profiles = [t.call(st.profile) for t, st in zip(self.threads, self.stages)]
             if loaded is not None:
-                tower = tower_footprint(mmproj.config) if mmproj is not None else None
-                self.plan: MemoryPlan | None = plan(footprint_of(loaded), profiles, self.context * slots,
-                                                    self.kv, n_seqs=slots, prefill_chunk=chunk,
-                                                    vision_bytes=(tower.weight_bytes, tower.scratch_bytes) if tower
-                                                    else (0, 0))
+                fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
+                self.plan: MemoryPlan | None = plan(fp, profiles, self.context * slots, self.kv, n_seqs=slots,
+                                                    prefill_chunk=chunk)
             else:
                 self.plan = None
             spans = (split_layers(cfg.n_layers, split) if split is not None else

@@ -135,13 +135,12 @@ def plan(
     *,
     k_bits: int | None = None,
     v_bits: int | None = None,
-    vision_bytes: tuple[int, int] = (0, 0),
 ) -> MemoryPlan:
     """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit.
 
     The KV format is `kv` (default f16) with the K and V sides optionally chosen by bits (16, 8, 4, 3):
-    `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan. `vision_bytes`: (weights, scratch) of a
-    vision tower on the first card, where image rows enter the model (engine.vision.device_footprint).
+    `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan. A vision tower in the footprint
+    (`fp.vision_bytes`) goes on the first card, where image rows enter the model.
     """
     kv = resolve_kv_format(kv, k_bits, v_bits)
     cfg = fp.config
@@ -166,6 +165,7 @@ def plan(
         )
 
     mtp_blocks = range(cfg.n_layers, cfg.n_blocks) if with_mtp else range(0)
+    vision_bytes = fp.vision_bytes
     scratch = scratch_bytes(cfg, prefill_chunk)
 
     def extras(k: int) -> tuple[int, int, int, int]:

@@ -9,9 +9,10 @@ tests/unit/test_vision_backend_host.py, which counts them on a stand-in card.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
+from engine.generation.model_footprint import Footprint
 from engine.gguf.mmproj import mmproj_tensors
 from engine.vision.config import VisionConfig
 
@@ -47,3 +48,11 @@ def tower_scratch_bytes(cfg: VisionConfig, tokens: int) -> int:
 def tower_footprint(cfg: VisionConfig) -> TowerFootprint:
     max_tokens = cfg.pixel_bounds()[1] // cfg.factor**2
     return TowerFootprint(tower_weight_bytes(cfg), tower_scratch_bytes(cfg, max_tokens), max_tokens)
+
+
+def with_tower(fp: Footprint, cfg: VisionConfig | None) -> Footprint:
+    """`fp` with the vision tower of `cfg` added (the planner puts it on the first card); None: unchanged."""
+    if cfg is None:
+        return fp
+    tower = tower_footprint(cfg)
+    return replace(fp, vision_bytes=(tower.weight_bytes, tower.scratch_bytes))

@@ -6,6 +6,8 @@ exactly what the host put there."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.mmproj import load_mmproj
 from engine.vision.config import VisionConfig
-from engine.vision.device_footprint import tower_footprint, tower_scratch_bytes, tower_weight_bytes
+from engine.vision.device_footprint import tower_footprint, tower_scratch_bytes, tower_weight_bytes, with_tower
 from engine.vision.multimodal_prompt import EncodedImage, MultimodalPrompt, PromptSegment, expand_image_pads
 from engine.vision.preprocess import PreparedImage
 from engine.vision.random_mmproj import write_random_mmproj
@@ -195,12 +197,16 @@ def test_footprint_counts_fp16_matrices_once_for_both_patch_kernels(mmproj):
     assert tower_footprint(cfg).max_tokens == 4096  # the default pixel bound (no bounds in the file)
 
 
-def test_a_tower_that_does_not_fit_is_refused_with_the_reason(demo):
+def test_a_tower_that_does_not_fit_is_refused_with_the_reason(demo, mmproj):
     fp = footprint_of(demo)
     card = CardProfile("small card", 600 << 20, reserve_bytes=0, margin=0.0)
     plan(fp, [card], 256)  # the text model fits
+    with_vision = with_tower(fp, mmproj.config)
+    assert with_tower(fp, None) is fp
+    fits = plan(with_vision, [card], 256).cards[0]
+    assert fits.total_bytes - plan(fp, [card], 256).cards[0].total_bytes == sum(with_vision.vision_bytes)
     with pytest.raises(RigllmError, match="vision tower takes"):
-        plan(fp, [card], 256, vision_bytes=(500 << 20, 200 << 20))
+        plan(dataclasses.replace(fp, vision_bytes=(500 << 20, 200 << 20)), [card], 256)
 
 
 def test_the_pipeline_keeps_the_tower_on_the_first_card(demo, mmproj):
@@ -224,3 +230,19 @@ def test_the_pipeline_keeps_the_tower_on_the_first_card(demo, mmproj):
         assert pipe.encode_image(PreparedImage(np.zeros((3, 64, 64), np.float32), 16, 2)).shape == (4, 256)
     finally:
         pipe.close()
+
+
+def test_plans_made_before_loading_count_the_mmproj_beside_the_model(demo, mmproj, tmp_path):
+    import shutil
+
+    from engine.gguf.mmproj_pairing import paired_vision_config
+    from engine.server.admin_footprint import footprint_from_json, footprint_to_json
+
+    model = tmp_path / "model.gguf"
+    shutil.copy(demo.path, model)
+    assert paired_vision_config(model, demo.config.d_model) is None
+    shutil.copy(mmproj.path, tmp_path / "mmproj-model.gguf")
+    assert paired_vision_config(model, demo.config.d_model) == mmproj.config
+    assert paired_vision_config(model, 2 * demo.config.d_model) is None  # another model size: unusable, not planned
+    fp = with_tower(footprint_of(demo), mmproj.config)
+    assert footprint_from_json(footprint_to_json(fp)) == fp

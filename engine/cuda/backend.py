@@ -4,8 +4,8 @@ It implements the generation layer's `Backend` (`forward_last` returns the last 
 backend comparisons and the host sampler; `decode_on_device`, the single-sequence fast path) and
 `SlotBackend` (engine.generation.slots, the scheduler's batched interface) through its
 `SlotDecoder`. Given an mmproj it also holds the fp16 vision tower on its card and prefills image
-prompts (`ImagePrefill`): `encode_image` runs the tower, `prefill_embedded` splices the rows in. All calls must come from the thread that created the backend (one card, one thread:
-architecture.md).
+prompts (`ImagePrefill`): `encode_image` runs the tower, `prefill_embedded` splices the rows in.
+All calls must come from the thread that created the backend (one card, one thread: architecture.md).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import trunk_bytes, upload_weights
+from engine.errors import RigllmError
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
 from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
-from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj

@@ -245,3 +245,27 @@ def test_two_logical_cards_equal_one_card_with_images(models):
         pipe.close()
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_generate_cli_with_an_image_on_the_cuda_backend(tmp_path):
+    """`rigllm generate --image` on CUDA: the mmproj beside the model is loaded onto the card and used there."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    cfg = tiny_config("gqa4-hv3-l6")
+    model = write_random_model(tmp_path / "model.gguf", cfg, seed=4)
+    vision = VisionConfig(n_embd=32, n_ff=48, n_layers=2, n_head=2, patch_size=16, merge_size=2, image_size=64,
+                          eps=1e-6, projection_dim=cfg.d_model, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5))
+    write_random_mmproj(tmp_path / "mmproj-model.gguf", vision, seed=5)
+    picture = tmp_path / "pic.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (96, 128, 3), dtype=np.uint8)).save(picture)
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "generate", str(model), "--backend", "cuda", "--image", str(picture),
+         "--prompt", "what is it?", "--max-tokens", "4", "--no-think"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1 image(s), 12 image tokens, vision tower mmproj-model.gguf (on cuda)" in result.stderr
+    assert "on the cuda backend" in result.stderr

@@ -22,6 +22,7 @@ from engine.generation.snapshot_store import SnapshotSettings, default_host_budg
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.model_service import ModelService
+from engine.server.multimodal_chat import vision_for_backend
 from engine.server.worker import GenerationWorker
 
 from app.chat_engine import ChatEngine, ModelInfo
@@ -102,13 +103,15 @@ class ModelLoader(QObject):
         # turn-boundary states are saved beside the chat database, so switching back to a chat or
         # restarting the app restores a conversation instead of re-prefilling it
         snapshots = SnapshotSettings.for_model(loaded.file, service.template.source)
+        mmproj = service.vision.encoder.mmproj if service.vision.encoder is not None else None
         worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context, progress=self._progress,
                                                        kv=request.kv_format, cards=cards,
-                                                       thread_factory=EngineThread), service.tokenizer,
+                                                       thread_factory=EngineThread, mmproj=mmproj), service.tokenizer,
                                   prefix_cache_bytes=default_host_budget(), snapshots=snapshots,
                                   thread_factory=EngineThread)
         self.stage.emit("opening the backend")
         worker.start()
+        service.vision = vision_for_backend(service.vision, worker)  # a GPU backend encodes images on its card
         label = DEMO_LABEL if request.path is None else ""
         info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, request.kv_format,
                          (tuple(request.cards) or (0,)) if worker.backend_name == "cuda" else ())

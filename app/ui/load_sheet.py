@@ -26,7 +26,9 @@ from engine.generation.memory_plan import format_bytes
 from engine.generation.model_footprint import Footprint, footprint_of
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
+from engine.gguf.mmproj_pairing import paired_vision_config
 from engine.telemetry import CardSample
+from engine.vision.device_footprint import with_tower
 
 from app.budget import CONTEXT_STEP, Budget, Fix, budget, max_context, profile_of
 from app.model_loader import LoadRequest, ModelLoader
@@ -55,8 +57,9 @@ class Inspected:
 def inspect_local(path: PurePath | None) -> Inspected:
     loaded = load_model(path or ensure_demo_model())
     mmproj = find_mmproj(loaded.path) if path else None
-    return Inspected(path, loaded.file.fields.get("general.name", loaded.path.stem), footprint_of(loaded),
-                     mmproj.name if mmproj else "none found")
+    tower = paired_vision_config(loaded.path, loaded.config.d_model) if path else None
+    return Inspected(path, loaded.file.fields.get("general.name", loaded.path.stem),
+                     with_tower(footprint_of(loaded), tower), mmproj.name if mmproj else "none found")
 
 
 def rig_inspector(link: RigLink) -> Callable[[PurePath | None], Inspected]:

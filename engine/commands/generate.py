@@ -3,7 +3,8 @@
 With no model it uses the generated demo model (random weights, labelled as such), so a fresh
 install shows the whole pipeline working without downloading anything. `--image FILE` (repeatable)
 puts images before the prompt text; it needs the model's mmproj (found beside the model, or
-`--mmproj`) and runs on the reference backend, the only one with a vision path so far.
+`--mmproj`). The CUDA backend loads the vision tower onto its (first) card and encodes the images
+there; the reference backend runs the numpy tower.
 
 A model with an MTP head decodes speculatively (`--mtp on`, the default; the head drafts `--mtp-draft`
 tokens per verify) on the reference backend; the closing stats line then gives the acceptance rate.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +27,18 @@ if TYPE_CHECKING:
     from engine.generation.speculative_stream import SpeculativeStream
     from engine.generation.tokenizer import Tokenizer
     from engine.gguf.loader import LoadedModel
-    from engine.vision.prompt_backend import ImagePromptBackend
+    from engine.vision.encoder import ImageEncoder
+    from engine.vision.preprocess import PreparedImage
+
+
+@dataclass(frozen=True)
+class _Images:
+    """`--image` files prepared for the tower, before any backend is open."""
+
+    encoder: ImageEncoder
+    prepared: list[PreparedImage]
+    pad: int
+    mmproj_name: str
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
     context = loaded.config.context_length
     if args.image and args.raw:
         raise RigllmError("--image needs the chat template (it places the image markers); drop --raw")
-    if args.image and args.backend == "cuda":
-        raise RigllmError("images run on the reference backend for now; use --backend reference")
     if args.raw:
         prompt_ids, thinking = tokenizer.encode(args.prompt, parse_special=True), False
         if len(prompt_ids) >= context:
@@ -103,15 +114,24 @@ def run(args: argparse.Namespace) -> int:
         prompt = build_chat_prompt(ChatTemplate.for_model(loaded.file.fields), tokenizer, messages,
                                    enable_thinking=args.thinking, context_length=context)
         prompt_ids, thinking = prompt.token_ids, prompt.thinking
-    image_backend = None
-    if args.image:
-        image_backend, prompt_ids = _image_backend(args, loaded, tokenizer, prompt_ids)
-        if len(prompt_ids) >= context:
-            raise RigllmError(f"the prompt with its images is {len(prompt_ids)} tokens, the context holds {context}")
-    max_tokens = min(args.max_tokens, context - len(prompt_ids))
-    backend = image_backend or open_backend(args.backend, loaded, context=len(prompt_ids) + max_tokens,
-                                            **placement_options(args))
-    speculative = _speculative(args, backend) if image_backend is None else None
+    images = _prepare_images(args, loaded, tokenizer) if args.image else None
+    n_prompt = len(prompt_ids)
+    if images is not None:
+        n_prompt += sum(p.n_tokens - 1 for p in images.prepared)
+        if n_prompt >= context:
+            raise RigllmError(f"the prompt with its images is {n_prompt} tokens, the context holds {context}")
+    max_tokens = min(args.max_tokens, context - n_prompt)
+    backend = open_backend(args.backend, loaded, context=n_prompt + max_tokens,
+                           mmproj=images.encoder.mmproj if images is not None else None, **placement_options(args))
+    speculative = None
+    if images is not None:
+        try:
+            backend, prompt_ids = _with_images(backend, images, prompt_ids)
+        except BaseException:
+            backend.close()
+            raise
+    else:
+        speculative = _speculative(args, backend)
     backend = speculative or backend
 
     stream = TokenStream(backend, prompt_ids, Sampler(params), max_tokens, tokenizer.eos_ids)
@@ -172,17 +192,13 @@ def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStrea
     return None
 
 
-def _image_backend(
-    args: argparse.Namespace, loaded: LoadedModel, tokenizer: Tokenizer, prompt_ids: list[int]
-) -> tuple[ImagePromptBackend, list[int]]:
-    """Encode `args.image` with the model's mmproj; returns the prefill backend and the expanded prompt ids."""
+def _prepare_images(args: argparse.Namespace, loaded: LoadedModel, tokenizer: Tokenizer) -> _Images:
+    """The model's mmproj and `args.image` decoded and resized for its tower (errors before any backend opens)."""
     from engine.errors import RigllmError
     from engine.gguf.mmproj_pairing import find_mmproj
-    from engine.reference.model import ReferenceModel
     from engine.vision.encoder import ImageEncoder
     from engine.vision.image_io import load_image_file
-    from engine.vision.multimodal_prompt import IMAGE_PAD, expand_image_pads
-    from engine.vision.prompt_backend import ImagePromptBackend
+    from engine.vision.multimodal_prompt import IMAGE_PAD
 
     mmproj = args.mmproj or find_mmproj(loaded.path, loaded.config.d_model)
     if mmproj is None:
@@ -194,8 +210,28 @@ def _image_backend(
     if pad is None:
         raise RigllmError(f"{loaded.path.name} has no {IMAGE_PAD} token; it cannot take images")
     encoder = ImageEncoder.open(mmproj, loaded.config.d_model, loaded.path.name)
-    images = [encoder.encode(load_image_file(path)) for path in args.image]
-    prompt = expand_image_pads(prompt_ids, images, pad)
-    print(f"[rigllm] {len(images)} image(s), {len(prompt.embedding_rows)} image tokens, vision tower "
-          f"{Path(mmproj).name}", file=sys.stderr)
-    return ImagePromptBackend(ReferenceModel.from_model_file(loaded.file), prompt), prompt.token_ids
+    return _Images(encoder, [encoder.prepare(load_image_file(path)) for path in args.image], pad, Path(mmproj).name)
+
+
+def _with_images(backend: Backend, images: _Images, prompt_ids: list[int]) -> tuple[Backend, list[int]]:
+    """Encode the images (on the backend's card when it holds the tower, else with the numpy tower) and
+    return the backend that prefills the expanded prompt, with the prompt's ids."""
+    from engine.errors import RigllmError
+    from engine.generation.backend import ReferenceBackend
+    from engine.vision.multimodal_prompt import EncodedImage, expand_image_pads
+    from engine.vision.prompt_backend import EmbeddedPromptBackend, ImagePromptBackend
+
+    on_card = getattr(backend, "supports_images", False) and hasattr(backend, "forward_embedded")
+    if on_card:
+        encode = backend.encode_image  # type: ignore[attr-defined]
+    elif isinstance(backend, ReferenceBackend):
+        encode = images.encoder.tower.encode
+    else:
+        raise RigllmError(f"the {backend.name} backend takes no images")
+    encoded = [EncodedImage(p.merged_grid, encode(p)) for p in images.prepared]
+    prompt = expand_image_pads(prompt_ids, encoded, images.pad)
+    where = f"on {backend.name}" if on_card else "in numpy"
+    print(f"[rigllm] {len(encoded)} image(s), {len(prompt.embedding_rows)} image tokens, vision tower "
+          f"{images.mmproj_name} ({where})", file=sys.stderr)
+    wrapped = EmbeddedPromptBackend(backend, prompt) if on_card else ImagePromptBackend(backend.model, prompt)
+    return wrapped, prompt.token_ids  # type: ignore[return-value]

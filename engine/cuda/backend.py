@@ -3,8 +3,9 @@
 It implements the generation layer's `Backend` (`forward_last` returns the last token's logits, for
 backend comparisons and the host sampler; `decode_on_device`, the single-sequence fast path) and
 `SlotBackend` (engine.generation.slots, the scheduler's batched interface) through its
-`SlotDecoder`. All calls must come from the thread that created the backend (one card, one thread:
-architecture.md).
+`SlotDecoder`. Given an mmproj it also holds the fp16 vision tower on its card and prefills image
+prompts (`ImagePrefill`): `encode_image` runs the tower, `prefill_embedded` splices the rows in.
+All calls must come from the thread that created the backend (one card, one thread: architecture.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import trunk_bytes, upload_weights
+from engine.errors import RigllmError
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
@@ -24,6 +26,11 @@ from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.loader import LoadedModel
+from engine.gguf.mmproj import LoadedMmproj
+from engine.vision.device_footprint import with_tower
+from engine.vision.encoder import ImageEncoder
+from engine.vision.multimodal_prompt import PromptSegment
+from engine.vision.preprocess import PreparedImage
 
 DEFAULT_CHUNK = 256
 
@@ -36,21 +43,27 @@ class CudaBackend:
 
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
-                 kv: str = "f16"):
+                 kv: str = "f16", mmproj: LoadedMmproj | None = None):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
-        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats)."""
+        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
+        `mmproj`: a validated vision tower paired with this model (engine.vision.encoder checks the pairing),
+        loaded onto this card and counted in its memory plan."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
         self.slot_count = slots
         self.kv = kv_format(kv)
         self.card = CudaCard(card_index, capacity_bytes=card_bytes)
+        self.images: ImageEncoder | None = None
         try:  # a failed or cancelled load must not leave the context pushed (pycuda aborts the process at exit)
-            self.plan = self._plan(loaded)
+            self.plan = self._plan(loaded, mmproj)
             counter = ProgressCounter(progress, card_index, trunk_bytes(loaded.file, cfg), "uploading weights")
             counter.report()
             self.weights = upload_weights(self.card, loaded.file, cfg, counter)
+            if mmproj is not None:
+                counter.enter("uploading the vision tower")
+                self.images = ImageEncoder(mmproj, self.card)
             counter.enter("allocating slots and warming up kernels")
             self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv)
             self.fwd = self.slots.fwd
@@ -59,13 +72,34 @@ class CudaBackend:
             self.card.close()
             raise
 
-    def _plan(self, loaded: LoadedModel) -> MemoryPlan:
+    def _plan(self, loaded: LoadedModel, mmproj: LoadedMmproj | None) -> MemoryPlan:
         """The memory plan for this card, made before any allocation; refuses what will not fit."""
         total = self.card.capacity_bytes or self.card.total_bytes
         other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
         profile = CardProfile(self.card.name, total, other_used_bytes=other)
-        return plan(footprint_of(loaded), [profile], self.context * self.slot_count, self.kv,
-                    n_seqs=self.slot_count, prefill_chunk=self.chunk)
+        fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
+        return plan(fp, [profile], self.context * self.slot_count, self.kv, n_seqs=self.slot_count,
+                    prefill_chunk=self.chunk)
+
+    # ---- images (ImagePrefill) -------------------------------------------------------------------
+    @property
+    def supports_images(self) -> bool:
+        """True when the backend was loaded with a vision tower."""
+        return self.images is not None
+
+    def encode_image(self, image: PreparedImage) -> np.ndarray:
+        """The tower's embeddings [tokens, D] of one prepared image (on this backend's thread)."""
+        if self.images is None:
+            raise RigllmError("this model was loaded without an mmproj (vision tower); it takes no images")
+        return self.images.tower.encode(image)
+
+    def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
+        self.slots.prefill_embedded(slot, segment)
+
+    def forward_embedded(self, segment: PromptSegment, sequence: DeviceSequence) -> np.ndarray:
+        """`forward_last` of a multimodal prompt segment (for Backend-protocol callers: `rigllm generate --image`)."""
+        self.slots.prefill_embedded(self.slots.slot_of(sequence), segment)
+        return self.fwd.logits_row(0).download(np.float32, self.config.vocab_size)
 
     # ---- the Backend protocol (slot 0) -----------------------------------------------------------
     def new_sequence(self) -> DeviceSequence:

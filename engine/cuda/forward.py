@@ -8,6 +8,10 @@ On several cards each card's pass covers its trunk layers only (`weights.span`):
 the token ids, a later card starts from the hidden rows the previous card left in `h` (copied in by
 the pipeline), and only the last card applies the final norm and LM head.
 
+Image prompts (spec §9.5-9.6): a pass may replace some rows' token embeddings by host rows (the vision
+tower's output for the image pads; first card only) and give attention per-token (t, h, w) rope
+positions in a device buffer (`positions` [T][3] int32) instead of the text positions `pos + t`.
+
 Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_batch`
 one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
 B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
@@ -24,6 +28,8 @@ kernels below receive each segment's pointer and row stride separately.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -61,6 +67,7 @@ class ForwardPass:
         self.card, self.cfg, self.w, self.max_tokens, self.kv = card, cfg, weights, max_tokens, kv
         c = cfg
         self.ids = card.alloc(4 * max_tokens, "ids")
+        self.positions = card.alloc(4 * 3 * max_tokens, "rope positions")  # [T][3] (t, h, w) of a batch, when given
         self.h = card.alloc(F32 * max_tokens * c.d_model, "h")
         rows = [2 * c.d_ff]
         if c.gdn_layers:
@@ -128,11 +135,14 @@ class ForwardPass:
         self.ids.view(0, 4 * n).upload(np.asarray(token_ids, dtype=np.int32))
         seq.set_step(n)
 
-    def run(self, n: int, seq: DeviceSequence) -> None:
+    def run(self, n: int, seq: DeviceSequence, positions: DeviceBuffer | None = None,
+            embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         """The pass for the n tokens in `ids` (or hidden rows in `h`) continuing `seq` (at its `step`);
-        the last token's logits → row 0 on the card with the head, else the n hidden rows stay in `h`."""
+        the last token's logits → row 0 on the card with the head, else the n hidden rows stay in `h`.
+        `positions`: the tokens' (t, h, w) rope positions ([n][3] int32, e.g. `self.positions`), None for
+        text positions; `embedded`: (first row, fp32 [k][D] rows) that replace those rows' token embeddings."""
         cfg = self.cfg
-        self._layers(n, [seq])
+        self._layers(n, [seq], [positions], embedded)
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
@@ -140,33 +150,38 @@ class ForwardPass:
         self._norm(last, self.w.output_norm, x, 1)
         gemv_q8(self.card, self.w.lm_head, x, self.logits, 1)
 
-    def run_batch(self, seqs: list[DeviceSequence]) -> None:
+    def run_batch(self, seqs: list[DeviceSequence], positions: Sequence[DeviceBuffer | None] | None = None) -> None:
         """One token per sequence (row b of `ids` continues seqs[b], each at its own `step`, which must say
-        n_tokens = 1); the logits of row b → `logits_row(b)`."""
+        n_tokens = 1); the logits of row b → `logits_row(b)`. `positions[b]`: row b's (t, h, w) rope
+        position (3 int32 on the card) or None for its text position."""
         n, cfg = len(seqs), self.cfg
         if not 1 <= n <= MAX_GEMV_TOKENS:
             raise ValueError(f"a batched step holds 1..{MAX_GEMV_TOKENS} sequences, not {n}")
-        self._layers(n, seqs)
+        self._layers(n, seqs, list(positions) if positions is not None else [None] * n)
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
         self._norm(self.h, self.w.output_norm, x, n)
         gemv_q8(self.card, self.w.lm_head, x, self.logits, n)
 
-    def _layers(self, n: int, seqs: list[DeviceSequence]) -> None:
+    def _layers(self, n: int, seqs: list[DeviceSequence], positions: list[DeviceBuffer | None],
+                embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         if self.embeds:
             embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
+            for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers
+                _rows(self.h, self.cfg.d_model, first, len(block)).upload(np.asarray(block, np.float32))
         for i, layer in zip(self.w.span, self.w.layers):
-            self._layer(i, layer, n, seqs)
+            self._layer(i, layer, n, seqs, positions)
 
-    def _layer(self, i: int, layer: LayerWeights, n: int, seqs: list[DeviceSequence]) -> None:
-        """`seqs`: one sequence owning all n rows, or n sequences owning one row each."""
+    def _layer(self, i: int, layer: LayerWeights, n: int, seqs: list[DeviceSequence],
+               positions: list[DeviceBuffer | None]) -> None:
+        """`seqs`: one sequence owning all n rows, or n sequences owning one row each; `positions` one per sequence."""
         x = self.q8[self.cfg.d_model]
         self._norm(self.h, layer.mixer.attn_norm, x, n)
         if isinstance(layer.mixer, GdnWeights):
             self._gdn(i, layer.mixer, x, n, seqs)
         else:
-            self._attention(i, layer.mixer, x, n, seqs)
+            self._attention(i, layer.mixer, x, n, seqs, positions)
         f = layer.ffn
         self._norm(self.h, f.post_attention_norm, x, n)
         self._matmul(f.gate_up, x, self.proj, n)
@@ -204,24 +219,25 @@ class ForwardPass:
             raise ValueError(f"{len(seqs)} sequences cannot share {n} rows (one row each, or all to one)")
         return [(b, 1, seq) for b, seq in enumerate(seqs)]
 
-    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence]) -> None:
+    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence],
+                   positions: list[DeviceBuffer | None]) -> None:
         c = self.cfg
         self._matmul(w.qkv, x, self.proj, n)
         qg, k, v = (self._segment(w.qkv, s, n) for s in range(3))
         xo = self.q8[c.q_dim]
-        for row, tokens, seq in self._row_groups(n, seqs):
+        for (row, tokens, seq), pos in zip(self._row_groups(n, seqs), positions, strict=True):
             self._attend(seq, seq.kv[i], w, _rows(qg, 2 * c.q_dim, row, tokens), _rows(k, c.kv_dim, row, tokens),
-                         _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens)
+                         _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens, pos)
         self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
 
     def _attend(self, seq: DeviceSequence, cache: KVLayerCache, w: AttentionWeights, qg: DeviceBuffer,
-                k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int) -> None:
-        """Gated attention of one sequence's n tokens: prep (norms, RoPE, KV append), flash attention over
-        its cache, merge with the sigmoid gate into Q8_1 rows `xo`."""
+                k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int, positions: DeviceBuffer | None) -> None:
+        """Gated attention of one sequence's n tokens: prep (norms, RoPE at `positions` or the text positions,
+        KV append), flash attention over its cache, merge with the sigmoid gate into Q8_1 rows `xo`."""
         c, card, dims = self.cfg, self.card, self.dims
         quantised = self.kv != F16_FORMAT
         k_dst, v_dst = (self.stage_k, self.stage_v) if quantised else (cache.k.codes, cache.v.codes)
-        attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, None,
+        attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, positions,
                   seq.step, self.q_out, k_dst, v_dst, n, seq.capacity, c.rms_eps,
                   stage_rows=self.max_tokens if quantised else 0)
         splits = self.decode_splits if n == 1 else prefill_splits(card.sm_count, n, dims, seq.next_position + n)

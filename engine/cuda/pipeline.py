@@ -12,6 +12,10 @@ buffers per boundary. Only token ids (and, per hop, the hidden rows) cross PCIe.
 The same code runs N logical cards on one GPU (several contexts on one device, each capped at a
 capacity so it plans like a 16 GB CMP card); contexts on one GPU are time-sliced, so its speed-ups
 belong to real multi-GPU hosts (contracts.md).
+
+With an mmproj the vision tower lives on the first card (where image rows enter the model): images are
+encoded on that card's thread, and an image prompt's chunks carry their (t, h, w) positions to every
+card and their image rows to the first (`prefill_embedded`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 
 from engine.cuda.card_thread import CardThread
 from engine.cuda.driver import CudaCard
-from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.slot_decoder import SlotDecoder, embedded_runs
 from engine.cuda.weights import ModelWeights, trunk_bytes, upload_weights
 from engine.errors import RigllmError
 from engine.generation.kv_formats import KVFormat, kv_format
@@ -38,6 +42,11 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
+from engine.gguf.mmproj import LoadedMmproj
+from engine.vision.device_footprint import with_tower
+from engine.vision.encoder import ImageEncoder
+from engine.vision.multimodal_prompt import PromptSegment
+from engine.vision.preprocess import PreparedImage
 
 DEFAULT_CHUNK = 256
 WeightsFor = Callable[[CudaCard, range, ProgressCounter], ModelWeights]
@@ -91,6 +100,15 @@ class _Stage:
         self.card.close()
 
 
+@dataclass(frozen=True)
+class _Chunk:
+    """One prefill chunk: its token ids, and for an image prompt its rope positions and image rows."""
+
+    ids: np.ndarray
+    positions: np.ndarray | None = None
+    embedded: list[tuple[int, np.ndarray]] | None = None
+
+
 class _Prefill:
     """One pipelined prefill: the bridge buffers' availability and the outcome, shared by the card threads."""
 
@@ -129,8 +147,10 @@ class PipelineBackend:
                  slots: int = 1, chunk: int = DEFAULT_CHUNK, split: Sequence[int] | None = None,
                  progress: ProgressCallback | None = None, bridge: BridgeModel | None = None,
                  config: ModelConfig | None = None, weights_for: WeightsFor | None = None, kv: str = "f16",
-                 card_factory: Callable[..., CudaCard] = CudaCard, thread_factory: Callable[..., Any] | None = None):
+                 card_factory: Callable[..., CudaCard] = CudaCard, thread_factory: Callable[..., Any] | None = None,
+                 mmproj: LoadedMmproj | None = None):
         """`split`: layers per card (default: the memory plan's split by free memory and per-layer cost).
+        `mmproj`: a vision tower paired with the model, loaded onto the first card.
         `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card);
         `card_factory` makes each card's context (tests on machines without a GPU pass a stand-in);
         `thread_factory(target, name)` makes each card's thread (see `CardThread`)."""
@@ -142,14 +162,16 @@ class PipelineBackend:
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.slot_count, self.prefill_chunk, self.bridge = slots, chunk, bridge
         self.kv = kv_format(kv)
+        self.images: ImageEncoder | None = None
         self.threads = [CardThread(f"rigllm-card{i}", thread_factory) for i in range(len(cards))]
         self.stages: list[_Stage] = []
         try:
             self.stages = [t.call(_Stage, i, spec, card_factory) for i, (t, spec) in enumerate(zip(self.threads, cards))]
             profiles = [t.call(st.profile) for t, st in zip(self.threads, self.stages)]
             if loaded is not None:
-                self.plan: MemoryPlan | None = plan(footprint_of(loaded), profiles, self.context * slots,
-                                                    self.kv, n_seqs=slots, prefill_chunk=chunk)
+                fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
+                self.plan: MemoryPlan | None = plan(fp, profiles, self.context * slots, self.kv, n_seqs=slots,
+                                                    prefill_chunk=chunk)
             else:
                 self.plan = None
             spans = (split_layers(cfg.n_layers, split) if split is not None else
@@ -162,6 +184,8 @@ class PipelineBackend:
                      for i, (t, st, span) in enumerate(zip(self.threads, self.stages, spans))]
             for f in loads:  # the cards load in parallel, each on its own thread
                 f.result()
+            if mmproj is not None:
+                self.images = self.threads[0].call(ImageEncoder, mmproj, self.stages[0].card)
         except BaseException:
             self.close()
             raise
@@ -208,35 +232,53 @@ class PipelineBackend:
     # ---- prefill -----------------------------------------------------------------------------------
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         ids = np.asarray(token_ids, dtype=np.int32)
+        self._prefill(slot, [_Chunk(ids[i : i + self.prefill_chunk]) for i in range(0, len(ids), self.prefill_chunk)])
+
+    @property
+    def supports_images(self) -> bool:
+        """True when the pipeline was loaded with a vision tower."""
+        return self.images is not None
+
+    def encode_image(self, image: PreparedImage) -> np.ndarray:
+        """The tower's embeddings [tokens, D] of one prepared image, run on the first card's thread."""
+        if self.images is None:
+            raise RigllmError("this model was loaded without an mmproj (vision tower); it takes no images")
+        return self.threads[0].call(self.images.tower.encode, image)
+
+    def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
+        n, step = len(segment.token_ids), self.prefill_chunk
+        parts = [segment.part(i, min(i + step, n)) for i in range(0, n, step)]
+        self._prefill(slot, [_Chunk(np.asarray(p.token_ids, np.int32), p.positions, embedded_runs(p)) for p in parts])
+
+    def _prefill(self, slot: int, chunks: list[_Chunk]) -> None:
         first = self.stages[0].decoder
-        first_seq = first.seqs[slot]
-        first.check_room(first_seq, len(ids))
-        chunks = [ids[i : i + self.prefill_chunk] for i in range(0, len(ids), self.prefill_chunk)]
+        first.check_room(first.seqs[slot], sum(len(c.ids) for c in chunks))
         run = _Prefill(len(self.stages), len(chunks))
         for c, part in enumerate(chunks):
             self.threads[0].submit(self._chunk, run, 0, slot, c, part, None)
         run.done.result()
 
-    def _chunk(self, run: _Prefill, i: int, slot: int, c: int, part: np.ndarray, hidden: np.ndarray | None) -> None:
+    def _chunk(self, run: _Prefill, i: int, slot: int, c: int, part: _Chunk, hidden: np.ndarray | None) -> None:
         """Chunk c on card i (on card i's thread); hands its hidden rows to card i+1's thread."""
         if run.failed:
             return
         st, last = self.stages[i], i == len(self.stages) - 1
+        image = {"positions": part.positions, "embedded": part.embedded if i == 0 else None}
         try:
             if last:
-                st.decoder.prefill_part(st.decoder.seqs[slot], part, hidden)
+                st.decoder.prefill_part(st.decoder.seqs[slot], part.ids, hidden, **image)
             else:
                 buf = st.out[c % 2]
                 run.free[i][c % 2].wait()
                 run.free[i][c % 2].clear()
-                st.decoder.prefill_part(st.decoder.seqs[slot], part, hidden, out=buf)
+                st.decoder.prefill_part(st.decoder.seqs[slot], part.ids, hidden, out=buf, **image)
             if i > 0:
                 run.free[i - 1][c % 2].set()  # this card has copied the previous card's rows in
             if last:
                 if c == run.n_chunks - 1:
                     run.done.set_result(None)
             else:
-                rows = self._hop(buf[: len(part)])
+                rows = self._hop(buf[: len(part.ids)])
                 self.threads[i + 1].submit(self._chunk, run, i + 1, slot, c, part, rows)
         except BaseException as err:
             run.fail(err)
@@ -279,6 +321,14 @@ class PipelineBackend:
 
     def forward_last(self, token_ids: Sequence[int], sequence: PipelineSequence) -> np.ndarray:
         self.prefill_slot(sequence.slot, token_ids)
+        return self._last_logits()
+
+    def forward_embedded(self, segment: PromptSegment, sequence: PipelineSequence) -> np.ndarray:
+        """`forward_last` of a multimodal prompt segment (for Backend-protocol callers: `rigllm generate --image`)."""
+        self.prefill_embedded(sequence.slot, segment)
+        return self._last_logits()
+
+    def _last_logits(self) -> np.ndarray:
         last = self.stages[-1].decoder
         return self.threads[-1].call(lambda: last.fwd.logits_row(0).download(np.float32, self.config.vocab_size))
 

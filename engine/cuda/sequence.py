@@ -1,6 +1,10 @@
 """One sequence's state on a card: the KV cache of every attention layer (fp16 or a quantised format,
 engine.cuda.kv_cache), the fp32 GDN state, and
-the sequence's per-step values (`step`: position of the next token, tokens in the batch).
+the sequence's per-step values (`step`: cache row of the next token, tokens in the batch).
+
+Cache rows and RoPE positions differ once a sequence has seen an image: an image's tokens share
+M-RoPE positions (spec §9.6), so after one the next token's rope position is its cache row plus
+`rope_shift` (≤ 0; 0 for text-only sequences, whose passes need no position buffer).
 
 Sizes are fixed at creation (capacity = the planned context), so nothing is allocated while a request
 runs and captured graphs keep valid pointers. `copy_from` is a device-to-device copy (anchor-qengine.md
@@ -42,7 +46,8 @@ class DeviceSequence:
         span = range(cfg.n_layers) if span is None else span
         self.card, self.cfg, self.capacity = card, cfg, capacity
         self.step = step if step is not None else card.alloc(8, f"{label}.step")
-        self.next_position = 0
+        self.next_position = 0  # cache rows used (= tokens seen)
+        self.rope_shift = 0  # rope position of the next token minus its cache row
         self.kv_format = kv
         self.kv: dict[int, KVLayerCache] = {}
         for i in (i for i in cfg.attention_layers if i in span):
@@ -67,6 +72,7 @@ class DeviceSequence:
         for buf in self.buffers():
             buf.fill_zero()
         self.next_position = 0
+        self.rope_shift = 0
 
     def copy_from(self, other: "DeviceSequence") -> None:
         """Become `other` (same card and shapes): the snapshot/restore primitive."""
@@ -75,6 +81,12 @@ class DeviceSequence:
         for dst, src in zip(self.buffers(), other.buffers()):
             dst.copy_from(src)
         self.next_position = other.next_position
+        self.rope_shift = other.rope_shift
+
+    @property
+    def next_rope_position(self) -> int:
+        """The rope position of the next token (M-RoPE "largest position used + 1" after images)."""
+        return self.next_position + self.rope_shift
 
     def set_step(self, n_tokens: int) -> None:
         """Write [next_position, n_tokens] for a pass over this sequence alone (synchronous)."""
@@ -82,7 +94,10 @@ class DeviceSequence:
 
     def snapshot(self) -> tuple[int, list[np.ndarray]]:
         """(position, host copies): the used rows [Hkv][pos][row bytes] of every KV plane (codes and scales, in
-        the stored format), then the GDN states."""
+        the stored format), then the GDN states. A sequence that saw images has no snapshot: its state depends
+        on which images they were, which token ids do not say (the scheduler never keeps such states)."""
+        if self.rope_shift:
+            raise ValueError("a sequence that saw images cannot be snapshotted (its token ids do not identify them)")
         pos, parts = self.next_position, []
         for plane, row_bytes in self._kv_planes():
             parts.append(np.stack([self._rows(plane, h, pos, row_bytes).download(np.uint8, pos * row_bytes)
@@ -110,6 +125,7 @@ class DeviceSequence:
             st.conv.upload(next(it))
             st.recurrent.upload(next(it))
         self.next_position = pos
+        self.rope_shift = 0
 
     def _kv_planes(self) -> list[tuple[DeviceBuffer, int]]:
         """Every KV plane with its bytes per (head, position) row."""

@@ -11,6 +11,13 @@ On several cards (engine.cuda.pipeline) each card has its own decoder over its t
 except on the last card, leave their own hidden rows in host memory for the next card, after
 waiting for the copy on the host (the fence anchor-qengine.md lesson 9 asks for). Only the last card
 has samplers.
+
+Image prompts (`prefill_embedded`, spec §9.5-9.6): the image rows' embeddings go up into the first
+card's hidden rows after the token embedding, and every card's attention reads the chunk's (t, h, w)
+positions from a device buffer. After an image a sequence's rope positions run behind its cache rows
+(`DeviceSequence.rope_shift`): later prefill chunks upload their shifted text positions, and decode
+steps always read each slot's rope position from the per-step buffer (the same bits as text
+positions when there is no shift), so the captured graphs serve both.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from engine.cuda.driver import CudaCard
+from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.sampling import GpuSampler
@@ -30,6 +37,8 @@ from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.generation.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
+from engine.reference.rope import text_positions
+from engine.vision.multimodal_prompt import PromptSegment
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
 MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots and sampling modes seen)
@@ -41,10 +50,11 @@ class DecodeGraph:
     """One decode step over a fixed list of slots, captured as a CUDA graph ending in each slot's sampler
     (arg-max for plain-greedy slots, the full sampler otherwise); rows follow the list's order."""
 
-    def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler], greedy: list[bool]):
+    def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler], greedy: list[bool],
+                 positions: list[DeviceBuffer]):
         self.fwd, self.card, self.seqs = fwd, fwd.card, seqs
         with self.card.capture(f"decode x{len(seqs)}") as graph:
-            fwd.run_batch(seqs)
+            fwd.run_batch(seqs, positions)
             for row, (sampler, plain) in enumerate(zip(samplers, greedy)):  # none on a card without the head
                 (sampler.argmax if plain else sampler.sample)(fwd.logits_row(row))
         self.graph = graph
@@ -66,8 +76,10 @@ class SlotDecoder:
         self.card, self.config, self.context = card, cfg, context
         self.slot_count, self.prefill_chunk = slots, chunk
         self.fwd = ForwardPass(card, cfg, weights, chunk, kv)
-        self.steps = card.alloc(8 * slots, "slot steps")  # [slot][pos, n_tokens]
-        self._host_steps = card.pinned(2 * slots, np.int32)
+        # [slot][pos, n_tokens], then [slot][t, h, w]: each slot's step and decode rope position, one upload
+        self.steps = card.alloc(4 * 5 * slots, "slot steps")
+        self._host_steps = card.pinned(5 * slots, np.int32)
+        self.rope = [self.steps.view(8 * slots + 12 * i, 12) for i in range(slots)]
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)
         self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8), weights.span, kv)
                      for i in range(slots)]
@@ -92,7 +104,7 @@ class SlotDecoder:
             self.fwd.ids.view(0, 4 * n).upload(np.zeros(n, np.int32))
             for seq in self.seqs[:n]:
                 seq.set_step(1)
-            self.fwd.run_batch(self.seqs[:n])
+            self.fwd.run_batch(self.seqs[:n], self.rope[:n])
         for row, sampler in enumerate(self.samplers):
             sampler.argmax(self.fwd.logits_row(row))
             sampler.sample(self.fwd.logits_row(row))
@@ -119,23 +131,44 @@ class SlotDecoder:
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         self.prefill(token_ids, self.seqs[slot])
 
+    def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
+        """`prefill_slot` of a multimodal prompt's segment: its image rows take their embeddings instead of the
+        pad token's, attention uses its (t, h, w) positions; later tokens continue at the largest + 1."""
+        seq = self.seqs[slot]
+        self.check_room(seq, len(segment.token_ids))
+        for start in range(0, len(segment.token_ids), self.prefill_chunk):
+            stop = min(start + self.prefill_chunk, len(segment.token_ids))
+            part = segment.part(start, stop)
+            self.prefill_part(seq, np.asarray(part.token_ids, np.int32), positions=part.positions,
+                              embedded=embedded_runs(part))
+
     def check_room(self, seq: DeviceSequence, n: int) -> None:
         if seq.next_position + n > seq.capacity:
             raise RigllmError(f"{seq.next_position + n} tokens exceed the context of {seq.capacity}")
 
     def prefill_part(self, seq: DeviceSequence, ids: np.ndarray, hidden: np.ndarray | None = None,
-                     out: np.ndarray | None = None) -> None:
+                     out: np.ndarray | None = None, positions: np.ndarray | None = None,
+                     embedded: list[tuple[int, np.ndarray]] | None = None) -> None:
         """One chunk of n = len(ids) tokens continuing `seq`. The first card reads `ids`; a later card reads
         `hidden` ([n][D] fp32 host rows from the previous card). A card without the head copies its hidden
-        rows into `out` and waits until they are there (the host fence before the next card reads them)."""
+        rows into `out` and waits until they are there (the host fence before the next card reads them).
+        `positions` ([n][3]) and `embedded` ((first row, [k][D] rows), first card only): an image chunk."""
         n = len(ids)
         if self.fwd.embeds:
             self.fwd.ids.view(0, 4 * n).upload(np.asarray(ids, dtype=np.int32))
         else:
             self.fwd.h.view(0, hidden.nbytes).upload(hidden)
         seq.set_step(n)
-        self.fwd.run(n, seq)
+        if positions is None and seq.rope_shift:
+            positions = text_positions(seq.next_rope_position, n)  # text after an image
+        rope = None
+        if positions is not None:
+            rope = self.fwd.positions.view(0, 12 * n)
+            rope.upload(np.asarray(positions, dtype=np.int32).reshape(n, 3))
+        self.fwd.run(n, seq, rope, embedded or ())
         seq.next_position += n
+        if positions is not None:
+            seq.rope_shift = int(np.max(positions)) + 1 - seq.next_position
         if not self.fwd.heads:
             self.fwd.h.download_async(out[:n])
             self.card.stream.synchronize()
@@ -173,8 +206,10 @@ class SlotDecoder:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
         graph = self._graph([(slot, self._greedy[slot]) for slot in slots])
+        rope_at = 2 * len(self.seqs)
         for slot, seq in enumerate(self.seqs):
             self._host_steps[2 * slot : 2 * slot + 2] = (seq.next_position, 1)
+            self._host_steps[rope_at + 3 * slot : rope_at + 3 * slot + 3] = seq.next_rope_position
         if self.fwd.embeds:
             for row, slot in enumerate(slots):
                 self._host_ids[row] = feeds[slot]
@@ -206,7 +241,8 @@ class SlotDecoder:
         if graph is None:
             slots = [slot for slot, _ in key]
             samplers = [self.samplers[s] for s in slots] if self.samplers else []  # none without the head
-            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [greedy for _, greedy in key])
+            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [greedy for _, greedy in key],
+                                [self.rope[s] for s in slots])
             self._graphs[key] = graph
             if len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)[1].close()
@@ -219,3 +255,15 @@ class SlotDecoder:
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
         self.seqs[slot].restore(snapshot.state)
+
+
+def embedded_runs(segment: PromptSegment) -> list[tuple[int, np.ndarray]]:
+    """The segment's image rows as (first row, [k][D] fp32 embeddings) runs of consecutive rows: one copy
+    into the hidden rows per run (an image's pads are consecutive)."""
+    rows = np.asarray(segment.embedding_rows, dtype=np.int64)
+    if rows.size == 0:
+        return []
+    order = np.argsort(rows, kind="stable")
+    rows, emb = rows[order], np.asarray(segment.embeddings, np.float32)[order]
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    return [(int(r[0]), np.ascontiguousarray(e)) for r, e in zip(np.split(rows, breaks), np.split(emb, breaks))]

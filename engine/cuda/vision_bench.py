@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from engine.gguf.mmproj import mmproj_tensors
 from engine.vision.config import VisionConfig
 from engine.vision.preprocess import PreparedImage
+from engine.vision.random_mmproj import random_tower_weights
 
 SHAPES = {
     "9b": VisionConfig(n_embd=1152, n_ff=4304, n_layers=27, n_head=16, patch_size=16, merge_size=2, image_size=768,
@@ -23,15 +23,6 @@ SHAPES = {
     "27b": VisionConfig(n_embd=1152, n_ff=4304, n_layers=27, n_head=16, patch_size=16, merge_size=2, image_size=768,
                         eps=1e-6, projection_dim=5120, image_mean=(0.5, 0.5, 0.5), image_std=(0.5, 0.5, 0.5)),
 }
-
-
-def random_weights(cfg: VisionConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in mmproj_tensors(cfg):
-        scale = 1.0 if len(shape) == 1 else int(np.prod(shape[1:])) ** -0.5
-        out[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SHAPES[args.shape]
     with CudaCard(0, name="vision-bench") as card:
         start = time.perf_counter()
-        tower = GpuVisionTower(card, cfg, random_weights(cfg))
+        tower = GpuVisionTower(card, cfg, random_tower_weights(cfg, np.random.default_rng(0)))
         print(f"{args.shape} tower on {card.device_name}: weights up in {time.perf_counter() - start:.1f} s")
         print(f"{'image':>11} {'patches':>8} {'tokens':>7} {'ms/image':>9}")
         rng = np.random.default_rng(1)

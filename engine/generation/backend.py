@@ -17,6 +17,7 @@ from engine.gguf.config import ModelConfig
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.gguf.loader import LoadedModel
+from engine.gguf.mmproj import LoadedMmproj
 from engine.gguf.model_file import ModelFile
 
 BACKEND_CHOICES = ("auto", "reference", "cuda")
@@ -104,7 +105,7 @@ class ReferenceBackend:
 def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
                  progress: ProgressCallback | None = None, slots: int = 1, cards: Sequence[Any] | None = None,
                  split: Sequence[int] | None = None, kv: str = "f16", sparse: bool = False,
-                 thread_factory: Callable[..., Any] | None = None) -> Backend:
+                 thread_factory: Callable[..., Any] | None = None, mmproj: LoadedMmproj | None = None) -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
@@ -114,6 +115,8 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     `cards`: `engine.cuda.pipeline.CardSpec`s to spread the layers over (default: GPU 0 alone); `split`:
     layers per card (default: the memory plan's split). `kv`: the KV cache format (f16, k8v3, ...).
     `thread_factory(target, name)` makes each card's thread on several cards (the app passes QThreads).
+    `mmproj`: the model's vision tower, loaded onto the (first) card by the CUDA backend, which then
+    encodes and prefills images itself; the reference runs its numpy tower elsewhere and ignores it.
     """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
@@ -134,8 +137,9 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
             from engine.cuda.pipeline import PipelineBackend
 
             return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv,
-                                   thread_factory=thread_factory)
+                                   thread_factory=thread_factory, mmproj=mmproj)
         spec = cards[0] if cards else None
         return CudaBackend(loaded, context=context, slots=slots, progress=progress, kv=kv,
-                           card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None)
+                           card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None,
+                           mmproj=mmproj)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

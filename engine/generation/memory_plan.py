@@ -139,7 +139,8 @@ def plan(
     """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit.
 
     The KV format is `kv` (default f16) with the K and V sides optionally chosen by bits (16, 8, 4, 3):
-    `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan.
+    `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan. A vision tower in the footprint
+    (`fp.vision_bytes`) goes on the first card, where image rows enter the model.
     """
     kv = resolve_kv_format(kv, k_bits, v_bits)
     cfg = fp.config
@@ -164,13 +165,15 @@ def plan(
         )
 
     mtp_blocks = range(cfg.n_layers, cfg.n_blocks) if with_mtp else range(0)
+    vision_bytes = fp.vision_bytes
     scratch = scratch_bytes(cfg, prefill_chunk)
 
     def extras(k: int) -> tuple[int, int, int, int]:
         """(weights, kv, state, scratch) a card holds besides its trunk layers."""
         weights, kv_bytes, state, extra_scratch = 0, 0, 0, scratch
         if k == 0:
-            weights += fp.embedding_bytes
+            weights += fp.embedding_bytes + vision_bytes[0]
+            extra_scratch += vision_bytes[1]
         if k == n - 1:
             weights += fp.head_bytes + (fp.embedding_bytes if cfg.tied_embeddings and n > 1 else 0)
             for block in mtp_blocks:
@@ -197,16 +200,20 @@ def plan(
     over = [p for p in plans if p.free_bytes < 0]
     if over:
         worst = min(over, key=lambda p: p.free_bytes)
+        vision = (f" (the vision tower takes {format_bytes(sum(vision_bytes))} of it: serve without the mmproj "
+                  f"to free that)" if worst.embedding and any(vision_bytes) else "")
         raise RigllmError(
             f"{worst.profile.name}: the plan needs {format_bytes(worst.total_bytes)} for layers "
             f"{worst.layers.start}-{worst.layers.stop - 1} (weights {format_bytes(worst.weight_bytes)}, "
             f"KV {format_bytes(worst.kv_bytes)} at {context} tokens in {kv.name}, GDN state {format_bytes(worst.state_bytes)}, "
             f"scratch {format_bytes(worst.scratch_bytes)}) but has {format_bytes(worst.profile.usable_bytes)} usable: "
-            f"short by {format_bytes(-worst.free_bytes)} on {n} card(s); use more cards, a shorter context or a smaller KV format"
+            f"short by {format_bytes(-worst.free_bytes)} on {n} card(s){vision}; use more cards, a shorter context or a smaller KV format"
         )
-    return MemoryPlan(
-        tuple(plans), context, kv.name, n_seqs, with_mtp, tuple(_notes(fp, n, context, kv)), kv.k.name, kv.v.name
-    )
+    notes = _notes(fp, n, context, kv)
+    if any(vision_bytes):
+        notes.append(f"vision tower on {cards[0].name}: {format_bytes(vision_bytes[0])} of weights and "
+                     f"{format_bytes(vision_bytes[1])} for the largest image")
+    return MemoryPlan(tuple(plans), context, kv.name, n_seqs, with_mtp, tuple(notes), kv.k.name, kv.v.name)
 
 
 def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list[int]:

@@ -58,6 +58,7 @@ class Footprint:
     file_bytes: int  # the same tensors as stored in the file
     requantised: int  # how many tensors are counted as requantised to Q8_0
     source: str  # where the types came from, for the plan's notes
+    vision_bytes: tuple[int, int] = (0, 0)  # (weights, scratch) of a vision tower on the first card, if loaded
 
     @property
     def weight_bytes(self) -> int:

@@ -9,7 +9,7 @@ natively with on-device sampling.
 
 Images are an optional capability (`ImagePrefill`): a slot backend with `supports_images` true also
 prefills prompt segments that carry image embedding rows and M-RoPE positions. `HostSlots` has it
-over the reference backend; the CUDA backend does not have it yet, and image jobs are refused there.
+over the reference backend; the CUDA backends have it natively when loaded with an mmproj (vision tower).
 
 Speculative decoding is another (engine.generation.speculative): a step may then return several
 tokens for a slot (`Pick.extra`); all but the last are already consumed by the slot's state, and the

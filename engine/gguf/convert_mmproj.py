@@ -104,7 +104,7 @@ def _plan(ckpt: SafetensorsCheckpoint, file_type: LlamaFileType) -> list[tuple[s
     return jobs
 
 
-def _write_keys(writer: GGUFWriter, cfg: VisionConfig, file_type: LlamaFileType, meta: Metadata) -> None:
+def write_mmproj_keys(writer: GGUFWriter, cfg: VisionConfig, file_type: LlamaFileType, meta: Metadata) -> None:
     """The key set and order of llama.cpp's `MmprojModel` + `Qwen3VLVisionModel.set_gguf_parameters`."""
     writer.add_type("mmproj")
     meta.set_gguf_meta_model(writer)
@@ -145,7 +145,7 @@ def convert_mmproj(hf_dir: str | Path, out_path: str | Path, out_type: str = "f1
         meta.size_label = meta.size_label or size_label(total, total, 0, 0)
         writer = GGUFWriter(out_path, CLIP_ARCH)
         stream = TensorStream(writer, planned)
-        _write_keys(writer, cfg, file_type, meta)
+        write_mmproj_keys(writer, cfg, file_type, meta)
         stream.write_metadata()
         for hf_name, t, p in jobs:
             data = ckpt.read(hf_name)

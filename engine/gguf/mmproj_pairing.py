@@ -12,6 +12,7 @@ from pathlib import Path
 
 from engine.errors import ModelFileError, RigllmError
 from engine.gguf.model_file import ModelFile
+from engine.vision.config import VisionConfig
 
 PROJECTION_KEY = "clip.vision.projection_dim"
 
@@ -41,3 +42,20 @@ def find_mmproj(model_path: str | Path, text_width: int) -> Path | None:
         names = ", ".join(p.name for p in matches)
         raise RigllmError(f"several mmproj files beside {Path(model_path).name} fit it ({names}); choose one explicitly")
     return matches[0] if matches else None
+
+
+def paired_vision_config(model_path: str | Path, text_width: int) -> VisionConfig | None:
+    """The tower configuration of the mmproj a server would load beside the model, for memory plans made
+    before loading (the load sheet, the admin API's inspect); None when there is none or it is unusable
+    (loading the model then reports why)."""
+    from engine.gguf.mmproj import check_pairing, load_mmproj
+
+    try:
+        path = find_mmproj(model_path, text_width)
+        if path is None:
+            return None
+        mmproj = load_mmproj(path)
+        check_pairing(mmproj, text_width, Path(model_path).name)
+    except RigllmError:
+        return None
+    return mmproj.config

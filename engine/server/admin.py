@@ -70,6 +70,8 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
         from engine.gguf.demo_model import ensure_demo_model
         from engine.gguf.loader import load_model
         from engine.generation.model_footprint import footprint_of
+        from engine.gguf.mmproj_pairing import paired_vision_config
+        from engine.vision.device_footprint import with_tower
 
         try:
             loaded = load_model(model or ensure_demo_model())
@@ -77,7 +79,8 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
             raise APIError(400, str(err), param="model") from None
         return {"path": str(loaded.path), "demo": model is None,
                 "name": loaded.file.fields.get("general.name", loaded.path.stem),
-                "footprint": footprint_to_json(footprint_of(loaded))}
+                "footprint": footprint_to_json(with_tower(footprint_of(loaded),
+                                                          paired_vision_config(loaded.path, loaded.config.d_model)))}
 
     def load_status() -> dict[str, Any]:
         return host.status()

@@ -21,4 +21,5 @@ def footprint_to_json(fp: Footprint) -> dict[str, Any]:
 def footprint_from_json(data: dict[str, Any]) -> Footprint:
     """Inverse of `footprint_to_json` (JSON arrays become the tuples the dataclasses hold)."""
     config = ModelConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()})
-    return Footprint(**{**data, "config": config, "block_bytes": tuple(data["block_bytes"])})
+    return Footprint(**{**data, "config": config, "block_bytes": tuple(data["block_bytes"]),
+                        "vision_bytes": tuple(data.get("vision_bytes", (0, 0)))})

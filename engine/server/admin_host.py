@@ -24,8 +24,10 @@ from engine.generation.backend import Backend, open_backend
 from engine.generation.load_progress import LoadCancelled, LoadProgress, ProgressCallback
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model
+from engine.gguf.mmproj import LoadedMmproj
 from engine.server.api_errors import APIError
 from engine.server.model_service import ModelService
+from engine.server.multimodal_chat import vision_for_backend
 from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS, GenerationWorker
 
 log = logging.getLogger("rigllm.admin")
@@ -33,14 +35,14 @@ log = logging.getLogger("rigllm.admin")
 EMPTY, LOADING, LOADED, UNLOADING, FAILED = "empty", "loading", "loaded", "unloading", "failed"
 DEMO_LABEL = "demo model (random weights, its output is gibberish)"
 
-# (backend name, model, context, slots, progress callback) -> the opened backend
-BackendOpener = Callable[[str, LoadedModel, int, int, ProgressCallback], Backend]
+# (backend name, model, context, slots, progress callback, the model's mmproj or None) -> the opened backend
+BackendOpener = Callable[[str, LoadedModel, int, int, ProgressCallback, LoadedMmproj | None], Backend]
 
 
 def open_with_progress(name: str, loaded: LoadedModel, context: int, slots: int, progress: ProgressCallback,
-                       **placement: Any) -> Backend:
+                       mmproj: LoadedMmproj | None = None, **placement: Any) -> Backend:
     """`placement`: the cards, layer split and KV format (`open_backend`'s kv, cards, split)."""
-    return open_backend(name, loaded, context=context, progress=progress, slots=slots, **placement)
+    return open_backend(name, loaded, context=context, progress=progress, slots=slots, mmproj=mmproj, **placement)
 
 
 @dataclass
@@ -231,7 +233,8 @@ class ModelHost:
             self._set_stage("unloading the previous model")
             self._release()
         self._set_stage(f"opening the {backend} backend")
-        worker = GenerationWorker(lambda: self._opener(backend, loaded, ctx, self.slots, self._on_progress),
+        mmproj = service.vision.encoder.mmproj if service.vision.encoder is not None else None
+        worker = GenerationWorker(lambda: self._opener(backend, loaded, ctx, self.slots, self._on_progress, mmproj),
                                   service.tokenizer, self.max_queue, slots=self.slots,
                                   prefix_cache_bytes=self.prefix_cache_bytes,
                                   snapshots=(SnapshotSettings.for_model(loaded.file, service.template.source,
@@ -239,6 +242,7 @@ class ModelHost:
                                              if self.snapshot_root is not None else None),
                                   speculative=self.speculative)
         worker.start()
+        service.vision = vision_for_backend(service.vision, worker)  # a GPU backend encodes on its card
         with self._lock:
             self._current = _Loaded(service, worker, ctx, label)
             self._state, self._stage, self._finished = LOADED, "ready", time.monotonic()

@@ -3,9 +3,10 @@
 The chat template writes one `<|vision_start|><|image_pad|><|vision_end|>` per image part; here the
 images are decoded, checked against the context, run through the model's vision tower and spliced in
 (engine.vision.multimodal_prompt), so the job carries token ids with every image's pads expanded plus
-the rows and M-RoPE positions a backend needs to prefill them. The tower runs on the caller's thread
-(the request's, or the app's), never on the generation worker, so a slow image delays only its own
-request. Everything that can go wrong is a one-line `RigllmError`: a bad or non-data-URL image, a
+the rows and M-RoPE positions a backend needs to prefill them. The numpy tower (reference backend)
+runs on the caller's thread (the request's, or the app's), so a slow image delays only its own
+request; a GPU backend's tower lives on its card, so `vision_for_backend` routes the encoding to the
+thread that owns the card, between two scheduler turns. Everything that can go wrong is a one-line `RigllmError`: a bad or non-data-URL image, a
 model without an mmproj, a conversation that no longer fits once its images are counted.
 """
 
@@ -15,7 +16,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from engine.errors import RigllmError
 from engine.generation.chat_prompt import ChatPrompt
@@ -26,10 +29,11 @@ from engine.vision.chat_images import collect_images
 from engine.vision.encoder import ImageEncoder
 from engine.vision.image_io import ImageError
 from engine.vision.multimodal_prompt import IMAGE_PAD, MultimodalPrompt, expand_image_pads
+from engine.vision.preprocess import PreparedImage
 
 log = logging.getLogger("rigllm.server")
 
-IMAGES_NEED_REFERENCE = "images need the reference backend until the GPU vision path lands"
+IMAGES_UNSUPPORTED = "this backend was opened without the model's vision tower (mmproj), so it takes no images"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,33 @@ def open_vision(loaded: LoadedModel, tokenizer: Tokenizer, mmproj: str | Path | 
         return Vision(None, f"images are unavailable for this model: {err}")
 
 
+class OwnerEncoding(Protocol):
+    """What `vision_for_backend` needs of the generation worker."""
+
+    @property
+    def encodes_images(self) -> bool:
+        """Whether the backend holds its own vision tower."""
+
+    def encode_image(self, image: PreparedImage) -> np.ndarray:
+        """Run the backend's tower on `image`, on the backend's thread."""
+
+
+@dataclass(frozen=True)
+class _OwnerTower:
+    worker: OwnerEncoding
+
+    def encode(self, image: PreparedImage) -> np.ndarray:
+        return self.worker.encode_image(image)
+
+
+def vision_for_backend(vision: Vision, worker: OwnerEncoding) -> Vision:
+    """The image input of a model whose backend is open: its own tower on the card (CUDA with an mmproj),
+    run on the worker's thread; else `vision` unchanged (the numpy tower on the caller's thread)."""
+    if vision.encoder is None or not worker.encodes_images:
+        return vision
+    return Vision(ImageEncoder(vision.encoder.mmproj, tower=_OwnerTower(worker)), vision.unavailable)
+
+
 @dataclass(frozen=True)
 class PreparedChat:
     """A rendered chat and, when it holds images, its multimodal form (whose ids are the ones to run)."""
@@ -95,7 +126,7 @@ def with_images(chat: ChatPrompt, messages: Sequence[Mapping[str, Any]], vision:
     if vision.encoder is None:
         raise RigllmError(vision.unavailable)
     if not backend_takes_images:
-        raise RigllmError(IMAGES_NEED_REFERENCE)
+        raise RigllmError(IMAGES_UNSUPPORTED)
     encoder = vision.encoder
     total = len(chat.token_ids) - len(images) + sum(encoder.token_count(im) for im in images)
     if total >= context_length:

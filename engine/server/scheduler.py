@@ -9,6 +9,9 @@ by its whole prefill, and a request that arrives mid-generation joins the runnin
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
 nothing leaks between requests; a cancelled job leaves its slot at the next turn.
 
+Between turns it also runs the calls other threads need on the backend's own thread (`tasks`: the
+CUDA backend's vision tower encoding a request's images).
+
 A job with images (`Job.multimodal`) is prefilled through the backend's `prefill_embedded`, chunk by
 chunk (`MultimodalPrompt.segment`). It starts from an empty slot and leaves no reusable state (no
 turn snapshot; the slot forgets its tokens on release): kept states are keyed by token ids, and the
@@ -30,7 +33,8 @@ from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import ImagePrefill, Pick, SlotBackend, SlotRequest, supports_images
 from engine.generation.tokenizer import Tokenizer
 from engine.server.generation_job import Failed, Job, JobOutput
-from engine.server.multimodal_chat import IMAGES_NEED_REFERENCE
+from engine.server.multimodal_chat import IMAGES_UNSUPPORTED
+from engine.server.owner_tasks import OwnerTasks, Wake
 
 log = logging.getLogger("rigllm.server")
 
@@ -63,6 +67,7 @@ class Scheduler:
         self._tokenizer = tokenizer
         self.cache = cache if slots.can_snapshot else None
         self.supports_images = supports_images(slots)
+        self.tasks = OwnerTasks()
         self.slots = [_Slot(i) for i in range(slots.slot_count)]
         self._clock = itertools.count(1)
 
@@ -71,19 +76,23 @@ class Scheduler:
         return sum(s.job is not None for s in self.slots)
 
     # ---- the loop --------------------------------------------------------------------------------
-    def run(self, jobs: "queue.Queue[Job | None]") -> None:
+    def run(self, jobs: "queue.Queue[Job | Wake | None]") -> None:
         """Serve jobs until a None arrives; jobs already running are finished first."""
         closing = False
-        while True:
-            closing = self._admit(jobs, closing)
-            if closing and not self.active:
-                _refuse_waiting(jobs)
-                return
-            self._drop_cancelled()
-            self._prefill_one()
-            self._decode()
+        try:
+            while True:
+                closing = self._admit(jobs, closing)
+                self.tasks.run_pending()
+                if closing and not self.active:
+                    _refuse_waiting(jobs)
+                    return
+                self._drop_cancelled()
+                self._prefill_one()
+                self._decode()
+        finally:
+            self.tasks.close()
 
-    def _admit(self, jobs: "queue.Queue[Job | None]", closing: bool) -> bool:
+    def _admit(self, jobs: "queue.Queue[Job | Wake | None]", closing: bool) -> bool:
         while not closing and any(s.job is None for s in self.slots):
             try:
                 job = jobs.get(block=not self.active)
@@ -91,6 +100,8 @@ class Scheduler:
                 break
             if job is None:
                 return True
+            if isinstance(job, Wake):  # owner tasks are waiting: run them before blocking again
+                break
             if not job.cancelled.is_set():
                 self._start(job)
         return closing
@@ -98,7 +109,7 @@ class Scheduler:
     # ---- admission -------------------------------------------------------------------------------
     def _start(self, job: Job) -> None:
         if job.multimodal is not None and not self.supports_images:  # the worker refuses these before queueing
-            job.post(Failed(IMAGES_NEED_REFERENCE))
+            job.post(Failed(IMAGES_UNSUPPORTED))
             return
         prompt = job.prompt_ids
         cache = self.cache if job.multimodal is None else None
@@ -253,14 +264,14 @@ class Scheduler:
             self.backend.reset_slot(slot.index)
 
 
-def _refuse_waiting(jobs: "queue.Queue[Job | None]") -> None:
+def _refuse_waiting(jobs: "queue.Queue[Job | Wake | None]") -> None:
     """Answer the jobs still queued when the worker stops, so no requester waits forever."""
     while True:
         try:
             job = jobs.get_nowait()
         except queue.Empty:
             return
-        if job is not None:
+        if isinstance(job, Job):
             job.post(Failed("the model was unloaded before this request started"))
 
 

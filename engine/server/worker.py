@@ -3,7 +3,8 @@
 Backends are single-owner (contracts.md, "Threads and ownership"), so requests never touch the
 backend themselves; they put a `Job` on a bounded queue and read its events through the job's sink.
 Jobs wait in the queue until a slot frees; a full queue is refused at once (503) rather than letting
-requests pile up.
+requests pile up. Work that must run on this thread but is not a job (a GPU backend's vision tower
+encoding a request's images) goes through `call_on_owner`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
 
 from engine.errors import RigllmError
 from engine.generation.backend import Backend
@@ -22,13 +25,16 @@ from engine.generation.snapshot_store import SnapshotSettings
 from engine.generation.tokenizer import Tokenizer
 from engine.server.api_errors import APIError
 from engine.server.generation_job import Job
-from engine.server.multimodal_chat import IMAGES_NEED_REFERENCE
+from engine.server.multimodal_chat import IMAGES_UNSUPPORTED
+from engine.server.owner_tasks import WAKE, Wake
 from engine.server.scheduler import Scheduler
+from engine.vision.preprocess import PreparedImage
 
 DEFAULT_SLOTS = 4
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 class OwnerThread(Protocol):
     """What the worker needs of its thread: start it, ask whether it runs, wait for its end."""
@@ -71,7 +77,7 @@ class GenerationWorker:
         self._slots = slots
         self._prefix_cache_bytes = prefix_cache_bytes
         self._snapshots = snapshots
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._jobs: queue.Queue[Job | Wake | None] = queue.Queue(maxsize=max_queue)
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
         self._scheduler: Scheduler | None = None
@@ -105,13 +111,35 @@ class GenerationWorker:
 
     @property
     def supports_images(self) -> bool:
-        """Whether the backend prefills image embeddings (the reference does; the CUDA backend not yet)."""
+        """Whether the backend prefills image embeddings (the reference does; CUDA when loaded with an mmproj)."""
         return self._scheduler is not None and self._scheduler.supports_images
+
+    @property
+    def encodes_images(self) -> bool:
+        """Whether the backend holds its own vision tower (on its card): images are then encoded there."""
+        return self.supports_images and hasattr(self._scheduler.backend, "encode_image")  # type: ignore[union-attr]
+
+    def encode_image(self, image: PreparedImage) -> np.ndarray:
+        """The backend's tower output for `image` (see `encodes_images`), computed on this worker's thread."""
+        if not self.encodes_images:
+            raise RigllmError(IMAGES_UNSUPPORTED)
+        return self.call_on_owner(self._scheduler.backend.encode_image, image)  # type: ignore[union-attr]
+
+    def call_on_owner(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` on the thread that owns the backend, between two scheduler turns, and wait for it."""
+        if self._scheduler is None:
+            raise RigllmError("the model is not loaded yet")
+        future = self._scheduler.tasks.submit(lambda: fn(*args))
+        try:
+            self._jobs.put_nowait(WAKE)  # rouse a scheduler that waits for jobs
+        except queue.Full:
+            pass  # a full queue keeps the scheduler turning, and it runs the tasks every turn
+        return future.result()
 
     def submit(self, job: Job) -> None:
         """Queue `job`; refuses a job with images the backend cannot run (before it waits in the queue)."""
         if job.multimodal is not None and not self.supports_images:
-            raise ImagesUnsupported(400, f"{IMAGES_NEED_REFERENCE} (this server runs the {self.backend_name} backend)",
+            raise ImagesUnsupported(400, f"{IMAGES_UNSUPPORTED} (this server runs the {self.backend_name} backend)",
                                     param="messages", code="images_unsupported")
         if self._stopping:
             raise QueueFull("the model is being unloaded; try again shortly")

@@ -1,14 +1,19 @@
 """`ImageEncoder`: what the server, the app and `rigllm generate` hold to turn images into prompt rows.
 
 It pairs a validated mmproj with the text model (same width), prepares images under the mmproj's
-pixel bounds and runs the vision tower: the numpy one, or the fp16 GPU one (engine.cuda.vision) when
-given a card. The GPU tower, like every use of a card, must be driven from the card's own thread.
+pixel bounds and runs the vision tower: the numpy one (built on first use, so a model whose images
+run on its GPU backend never holds an fp32 copy in host memory), the fp16 GPU one (engine.cuda.vision)
+when given a card, or any given `Tower` (the server's: the backend's tower, run on the backend's
+thread). The GPU tower, like every use of a card, must be driven from the card's own thread.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from PIL import Image
 
@@ -22,19 +27,31 @@ if TYPE_CHECKING:
     from engine.cuda.driver import CudaCard
 
 
+class Tower(Protocol):
+    def encode(self, image: PreparedImage) -> np.ndarray:
+        """Embeddings [tokens, D] of one prepared image."""
+
+
 class ImageEncoder:
     """Images → `EncodedImage`s (merged grid + text-width embeddings) for one text model."""
 
-    def __init__(self, mmproj: LoadedMmproj, card: "CudaCard | None" = None):
-        """`card`: run the tower there with the fp16 kernels; None: the numpy fp32 tower."""
+    def __init__(self, mmproj: LoadedMmproj, card: "CudaCard | None" = None, tower: Tower | None = None):
+        """`card`: run the tower there with the fp16 kernels (loaded now); `tower`: run this one;
+        neither: the numpy fp32 tower, loaded at the first image."""
         self.mmproj = mmproj
-        self.tower: Any
-        if card is None:
-            self.tower = VisionTower.from_mmproj(mmproj)
-        else:
+        self._tower: Any = tower
+        self._lock = threading.Lock()
+        if card is not None:
             from engine.cuda.vision import GpuVisionTower
 
-            self.tower = GpuVisionTower.from_mmproj(card, mmproj)
+            self._tower = GpuVisionTower.from_mmproj(card, mmproj)
+
+    @property
+    def tower(self) -> Tower:
+        with self._lock:  # two request threads may ask for the numpy tower at once; build it once
+            if self._tower is None:
+                self._tower = VisionTower.from_mmproj(self.mmproj)
+            return self._tower
 
     @classmethod
     def open(cls, mmproj_path: str | Path, text_width: int, model_label: str,

@@ -45,6 +45,16 @@ class PromptSegment:
     embedding_rows: np.ndarray  # [K] int64, indices into token_ids
     embeddings: np.ndarray  # [K, D] float32
 
+    def part(self, start: int, stop: int) -> "PromptSegment":
+        """Tokens [start, stop) with their positions and the image rows that fall inside (relative to `start`)."""
+        inside = (self.embedding_rows >= start) & (self.embedding_rows < stop)
+        return PromptSegment(
+            self.token_ids[start:stop],
+            self.positions[start:stop],
+            self.embedding_rows[inside] - start,
+            self.embeddings[inside],
+        )
+
 
 @dataclass(frozen=True)
 class MultimodalPrompt:
@@ -62,13 +72,7 @@ class MultimodalPrompt:
 
     def segment(self, start: int, stop: int) -> PromptSegment:
         """Tokens [start, stop) with their positions and the image rows that fall inside (for chunked prefill)."""
-        inside = (self.embedding_rows >= start) & (self.embedding_rows < stop)
-        return PromptSegment(
-            self.token_ids[start:stop],
-            self.positions[start:stop],
-            self.embedding_rows[inside] - start,
-            self.embeddings[inside],
-        )
+        return PromptSegment(self.token_ids, self.positions, self.embedding_rows, self.embeddings).part(start, stop)
 
 
 def expand_image_pads(token_ids: Sequence[int], images: Sequence[EncodedImage], image_pad_id: int) -> MultimodalPrompt:

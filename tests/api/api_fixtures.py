@@ -53,7 +53,7 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
 
     The app serves from a `ModelHost`, as `rigllm serve` does; `open_backend` replaces its backend opener.
     """
-    host = ModelHost(max_queue=max_queue, opener=lambda _name, _loaded, _context, _slots, _progress: open_backend(),
+    host = ModelHost(max_queue=max_queue, opener=lambda _name, _loaded, _context, _slots, _progress, _mmproj: open_backend(),
                      slots=slots)
     host.load(loaded.path, context=context_length)
     service, _ = host.require()

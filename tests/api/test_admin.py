@@ -36,7 +36,7 @@ def reporting_opener(gate: threading.Event):
     """Opens the reference backend after reporting two cards' upload progress (as the CUDA backend does);
     waits for `gate` halfway."""
 
-    def opener(name, loaded, context, slots, progress):
+    def opener(name, loaded, context, slots, progress, mmproj):
         for card in (0, 1):
             progress(LoadProgress(card, "uploading weights", 50, 100, 0.5))
         assert gate.wait(20)

@@ -196,13 +196,13 @@ def test_model_without_mmproj_refuses_images(tiny_vlm, tmp_path):
 
 
 def test_backend_without_the_image_path_refuses_images_before_queueing(loaded):
-    """A slot backend without `prefill_embedded` (the CUDA one today; a scripted one here): a clear 400,
+    """A slot backend without `prefill_embedded` (CUDA opened without an mmproj; a scripted one here): a clear 400,
     and an image too large for the context is refused with the numbers before the tower runs."""
     tokenizer = Tokenizer.from_model_file(loaded.file)
     eos = min(tokenizer.eos_ids)
     scripted = lambda: ScriptedBackend(loaded.config, tokenizer.vocab_size, lambda _ids: [eos])  # noqa: E731
     with live_server(loaded, scripted, context_length=48) as live:
-        assert "images need the reference backend" in bad_request(live, [image_part(data_url(32, 32, 6))])
+        assert "opened without the model's vision tower" in bad_request(live, [image_part(data_url(32, 32, 6))])
         too_big = bad_request(live, [image_part(data_url(256, 256, 7))])
         assert "with its 1 image(s) is" in too_big and "the context holds 48" in too_big
 
@@ -217,6 +217,6 @@ def test_images_the_backend_cannot_run_cost_no_tower_time(loaded, monkeypatch):
     encoded = []
     monkeypatch.setattr(service.vision.encoder, "encode", encoded.append)
     request = ChatCompletionRequest(messages=ONE)
-    with pytest.raises(APIError, match="images need the reference backend") as info:
+    with pytest.raises(APIError, match="opened without the model's vision tower") as info:
         service.chat_job(request, lambda _event: None, backend_takes_images=False)
     assert info.value.status == 400 and encoded == []

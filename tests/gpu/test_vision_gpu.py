@@ -27,10 +27,10 @@ from engine.cuda.vision_kernels import (
     patchify,
     split_qkv_rope,
 )
-from engine.gguf.mmproj import mmproj_tensors
 from engine.vision.config import VisionConfig
 from engine.vision.layers import apply_rotary, gelu_erf, gelu_tanh, layernorm as np_layernorm, rotary_2d_tables
 from engine.vision.preprocess import PreparedImage
+from engine.vision.random_mmproj import random_tower_weights
 from engine.vision.tower import VisionTower, interpolated_positions, merge_order_coords
 from tests.gpu.gpu_fixtures import assert_equal, assert_within
 
@@ -52,20 +52,6 @@ CONFIGS = {
 }
 
 
-def random_weights(cfg: VisionConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    out = {}
-    for name, shape in mmproj_tensors(cfg):
-        if len(shape) == 1:
-            mean = 1.0 if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "v.post_ln.weight" else 0.0
-            out[name] = (mean + rng.standard_normal(shape) * 0.2).astype(np.float32)
-        elif name == "v.position_embd.weight":
-            out[name] = (rng.standard_normal(shape) * 0.5).astype(np.float32)
-        else:
-            fan_in = int(np.prod(shape[1:]))
-            out[name] = (rng.standard_normal(shape) * fan_in**-0.5).astype(np.float32)
-    return out
-
-
 def random_image(rng: np.random.Generator, height: int, width: int) -> PreparedImage:
     return PreparedImage(f16(rng.uniform(-1, 1, (3, height, width))), 16, 2)
 
@@ -73,7 +59,7 @@ def random_image(rng: np.random.Generator, height: int, width: int) -> PreparedI
 @pytest.mark.parametrize("name, height, width", [("tiny-hd16", 64, 96), ("hd72-odd-ff", 160, 288), ("hd72-odd-ff", 32, 32)])
 def test_tower_equals_numpy(card, rng, name, height, width):
     cfg = CONFIGS[name]
-    weights = random_weights(cfg, rng)
+    weights = random_tower_weights(cfg, rng)
     image = random_image(rng, height, width)
     want = VisionTower(cfg, weights).encode(image)
     got = GpuVisionTower(card, cfg, weights).encode(image)

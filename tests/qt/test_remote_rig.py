@@ -222,7 +222,7 @@ def gated_rig():
 
     gate = threading.Event()
 
-    def opener(name, loaded, context, slots, progress):
+    def opener(name, loaded, context, slots, progress, mmproj):
         for _ in range(200):  # progress until the gate opens (each report may raise LoadCancelled)
             progress(LoadProgress(0, "uploading weights", 50 << 20, 100 << 20, 0.5))
             if gate.wait(0.05):

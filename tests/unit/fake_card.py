@@ -72,6 +72,7 @@ class FakeKernel:
             if not (arg is None or isinstance(arg, (FakeBuffer, *LAUNCHABLE))):
                 raise TypeError(f"{self.name}: argument {i} is a {type(arg).__name__}, not a buffer or numpy scalar")
         self.card.launches.append((self.name, grid, block, len(args)))
+        self.card.launch_args.append((self.name, args))
 
 
 class _Sync:
@@ -94,6 +95,7 @@ class FakeCard:
         self.sm_count, self.arch, self.total_bytes = 132, 90, 80 << 30
         self.stream = _Sync()
         self.launches: list[tuple[str, Any, Any, int]] = []
+        self.launch_args: list[tuple[str, tuple[Any, ...]]] = []  # (kernel, its arguments) per launch
         self.allocated_bytes = 0
 
     def alloc(self, nbytes: int, label: str) -> FakeBuffer:

@@ -421,7 +421,8 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 // Prefill: attn_prefill_d<Dh>, grid = ceil(T*G / PF_BQ) * n_head_kv * n_splits, block = PF_THREADS.
 // `scale` is 1/sqrt(Dh) (passed so the host states it once). Instantiated for Dh 32, 64, 256 and G 1, 2,
 // 4, 6, 8: Dh 256 with G 4 or 6 is every Qwen3.5/3.6 size, Dh 32/64 with G 1, 2, 4 are the tiny test
-// models and the demo model, G 8 is headroom. Each pair costs compile time on six architectures, so
+// models and the demo model, G 8 is headroom; Dh 128 with G 2 (decode) is the trained fixture
+// (tests/fixtures/trained), the only model with an MTP head small enough for tests. Each pair costs compile time on six architectures, so
 // add one only for a model that needs it. Choosing n_splits: enough blocks to fill
 // the card (decode: n_head_kv * n_splits around 3x the SM count; prefill: multiply the q tiles up to
 // about 2x); split boundaries are multiples of SPLIT_ALIGN keys, so short contexts use fewer splits.
@@ -443,6 +444,7 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 ATTN_DECODE_ENTRIES(32)
 ATTN_DECODE_ENTRIES(64)
 ATTN_DECODE_ENTRIES(256)
+ATTN_DECODE_ENTRY(128, 2)
 
 #define ATTN_PREFILL_ENTRY(DH)                                                                             \
     extern "C" __global__ void __launch_bounds__(PF_THREADS, 2) attn_prefill_d##DH(                        \
@@ -456,4 +458,5 @@ ATTN_DECODE_ENTRIES(256)
 
 ATTN_PREFILL_ENTRY(32)
 ATTN_PREFILL_ENTRY(64)
+ATTN_PREFILL_ENTRY(128)
 ATTN_PREFILL_ENTRY(256)

@@ -3,7 +3,8 @@
 It implements the generation layer's `Backend` (`forward_last` returns the last token's logits, for
 backend comparisons and the host sampler; `decode_on_device`, the single-sequence fast path) and
 `SlotBackend` (engine.generation.slots, the scheduler's batched interface) through its
-`SlotDecoder`. All calls must come from the thread that created the backend (one card, one thread:
+`SlotDecoder`, which speculates with the model's MTP head when the file has one (on by default, as on
+the reference; `speculative=False` leaves the head off the card). All calls must come from the thread that created the backend (one card, one thread:
 architecture.md).
 """
 
@@ -16,13 +17,14 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
-from engine.cuda.weights import trunk_bytes, upload_weights
+from engine.cuda.weights import has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
 from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
+from engine.generation.speculative import SpeculationStats
 from engine.gguf.loader import LoadedModel
 
 DEFAULT_CHUNK = 256
@@ -36,23 +38,26 @@ class CudaBackend:
 
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
-                 kv: str = "f16"):
+                 kv: str = "f16", speculative: bool = True, draft_tokens: int = 1):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
-        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats)."""
+        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
+        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
         self.slot_count = slots
         self.kv = kv_format(kv)
+        self.with_mtp = speculative and has_mtp(loaded.file, cfg)
         self.card = CudaCard(card_index, capacity_bytes=card_bytes)
         try:  # a failed or cancelled load must not leave the context pushed (pycuda aborts the process at exit)
             self.plan = self._plan(loaded)
             counter = ProgressCounter(progress, card_index, trunk_bytes(loaded.file, cfg), "uploading weights")
             counter.report()
             self.weights = upload_weights(self.card, loaded.file, cfg, counter)
+            mtp = upload_mtp_weights(self.card, loaded.file, cfg, self.weights) if self.with_mtp else None
             counter.enter("allocating slots and warming up kernels")
-            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv)
+            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp, draft_tokens)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:
@@ -65,7 +70,12 @@ class CudaBackend:
         other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
         profile = CardProfile(self.card.name, total, other_used_bytes=other)
         return plan(footprint_of(loaded), [profile], self.context * self.slot_count, self.kv,
-                    n_seqs=self.slot_count, prefill_chunk=self.chunk)
+                    n_seqs=self.slot_count, prefill_chunk=self.chunk, with_mtp=self.with_mtp)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """MTP acceptance counts (None without the head)."""
+        return self.slots.speculation_stats
 
     # ---- the Backend protocol (slot 0) -----------------------------------------------------------
     def new_sequence(self) -> DeviceSequence:

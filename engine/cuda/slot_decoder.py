@@ -11,6 +11,11 @@ On several cards (engine.cuda.pipeline) each card has its own decoder over its t
 except on the last card, leave their own hidden rows in host memory for the next card, after
 waiting for the copy on the host (the fence anchor-qengine.md lesson 9 asks for). Only the last card
 has samplers.
+
+With MTP weights (single card) a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step
+that feeds one slot alone, for a request that allows it, is a speculative round and may return several
+tokens (`Pick.extra`). Steps over several slots stay plain, and leave those slots out of speculation
+until they are reset (their heads missed a row).
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
-from engine.cuda.weights import ModelWeights
+from engine.cuda.speculative import CudaSpeculator
+from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.generation.kv_formats import KVFormat
+from engine.generation.speculative import SpeculationStats
 from engine.gguf.config import ModelConfig
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
@@ -60,7 +67,9 @@ class SlotDecoder:
     can_snapshot = True
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
-                 kv: KVFormat = F16_FORMAT):
+                 kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1):
+        """`mtp`: the MTP head's weights on this card (which must run the whole model) to speculate with,
+        drafting `draft_tokens` per verify."""
         if not 1 <= slots <= MAX_SLOTS:
             raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
         self.card, self.config, self.context = card, cfg, context
@@ -83,6 +92,13 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
         self._warm_up()
+        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
+                           if mtp is not None else None)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """Acceptance counts over this decoder's life; None when it does not speculate."""
+        return self.speculator.stats if self.speculator else None
 
     def _warm_up(self) -> None:
         """Run every batch width and both pickers once: capturing executes nothing, so each kernel (and GEMV
@@ -108,13 +124,18 @@ class SlotDecoder:
 
     def reset_slot(self, slot: int) -> None:
         self.seqs[slot].reset()
+        if self.speculator:
+            self.speculator.reset(slot)
 
     def prefill(self, token_ids: Sequence[int], seq: DeviceSequence) -> None:
         """Run the tokens through the model in chunks (single card); the last token's logits end in row 0."""
         ids = np.asarray(token_ids, dtype=np.int32)
         self.check_room(seq, len(ids))
+        slot = self.slot_of(seq) if self.speculator else -1
         for start in range(0, len(ids), self.prefill_chunk):
             self.prefill_part(seq, ids[start : start + self.prefill_chunk])
+            if self.speculator:
+                self.speculator.prefilled(slot, ids[start : start + self.prefill_chunk])
 
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         self.prefill(token_ids, self.seqs[slot])
@@ -158,10 +179,21 @@ class SlotDecoder:
                 sampler.count_tokens(self.fwd.ids, len(part))
             sampler.sample(self.fwd.logits_row(0))
         logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
+        if self.speculator:
+            self.speculator.begin(slot, request)
         return Pick(sampler.read_token(), logits)
 
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
-        """Feed each slot its token and pick its next one, all in one graph replay (single card)."""
+        """Feed each slot its token and pick its next one, all in one graph replay (single card); a slot fed
+        alone may take a speculative round instead."""
+        if self.speculator:
+            if len(feeds) == 1:
+                (slot, token), = feeds.items()
+                run = self.speculator.round(slot, token)
+                if run is not None:
+                    return {slot: Pick(run[0], None, tuple(run[1:]))}
+            for slot in feeds:
+                self.speculator.leave_behind(slot)
         return self.step_part(feeds)  # type: ignore[return-value]
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
@@ -219,3 +251,5 @@ class SlotDecoder:
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
         self.seqs[slot].restore(snapshot.state)
+        if self.speculator:
+            self.speculator.leave_behind(slot)  # the snapshot holds no head cache

@@ -5,9 +5,10 @@
     logits = LM head (the trunk's)
 
 Head row t pairs the trunk's normed hidden row h_t with the token after it, so a row can run only once
-that token is known: each slot owes the head its last trunk rows (`MtpCache.owed`, at most K+1 of them
-after a verify, one after a prefill), and the next round's head call runs them together with the row
-that drafts. The head's KV position of row t is t, the trunk row's position (engine.reference.mtp).
+that token is known: each slot owes the head its last trunk rows (`MtpCache.owed`: K+1 of them after a
+verify, one after a prefill, one more after each plain step, up to OWED_ROWS), and the next round's head
+call runs them together with the row that drafts. The head's KV position of row t is t, the trunk row's
+position (engine.reference.mtp).
 
 The pass reuses the forward pass's scratch (`h`, `proj`, the Q8_1 buffers) and its block code
 (`ForwardPass.run_block`), so it runs between trunk passes on the same stream, never during one.
@@ -23,12 +24,13 @@ import numpy as np
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.embedding import embed_q8_0
 from engine.cuda.forward import NORM_THREADS_BATCH, NORM_THREADS_DECODE, ForwardPass
-from engine.cuda.gemv import alloc_q8_activations, gemv_q8
+from engine.cuda.gemv import MAX_GEMV_TOKENS, alloc_q8_activations, gemv_q8
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer
 from engine.cuda.weights import MtpWeights
 from engine.generation.kv_formats import KVFormat
 
 F32 = 4
+OWED_ROWS = MAX_GEMV_TOKENS  # trunk rows a slot's head may owe: a round's head call runs them all as GEMV rows
 
 
 @dataclass
@@ -48,11 +50,12 @@ class MtpCache:
 
     def __init__(self, card: CudaCard, d_model: int, n_head_kv: int, head_dim: int, block: int, capacity: int,
                  kv: KVFormat, draft_tokens: int, label: str):
+        if draft_tokens + 1 > OWED_ROWS:
+            raise ValueError(f"a verify of {draft_tokens + 1} rows exceeds the {OWED_ROWS} rows a head may owe")
         self.block, self.capacity, self.draft_tokens = block, capacity, draft_tokens
         self.cache = alloc_kv_layer(card, kv, n_head_kv, head_dim, capacity, f"{label}.kv")
         self.steps = card.alloc(8 * draft_tokens, f"{label}.steps")  # [call][pos, n]: the draft call, then chained
-        self.owed = card.alloc(F32 * (draft_tokens + 1) * d_model, f"{label}.owed")
-        self.owed_limit = draft_tokens + 1
+        self.owed = card.alloc(F32 * OWED_ROWS * d_model, f"{label}.owed")
         self.reset()
 
     def reset(self) -> None:
@@ -84,8 +87,8 @@ class MtpHead:
         d = cfg.d_model
         self.max_rows = fwd.max_tokens
         # head input rows (normed trunk rows) and the tokens after them; prefill stages up to owed + chunk rows
-        self.rows_in = card.alloc(F32 * (fwd.max_tokens + draft_tokens + 1) * d, "mtp.rows_in")
-        self.ids = card.alloc(4 * (fwd.max_tokens + draft_tokens + 1), "mtp.ids")
+        self.rows_in = card.alloc(F32 * (fwd.max_tokens + OWED_ROWS) * d, "mtp.rows_in")
+        self.ids = card.alloc(4 * (fwd.max_tokens + OWED_ROWS), "mtp.ids")
         self.x2 = alloc_q8_activations(card, 2 * d, fwd.max_tokens, "mtp.x2")
         self.out = card.alloc(F32 * d, "mtp.out")  # the last row's normed output: a chained draft's hidden input
         self.logits = card.alloc(F32 * draft_tokens * cfg.vocab_size, "mtp.logits")  # [draft][V]
@@ -124,7 +127,7 @@ class MtpHead:
 
     def norm_trunk_rows(self, first: int, n: int) -> None:
         """The trunk's final norm of the n rows in the forward pass's `h` → `rows_in` rows [first, first + n)
-        (fp32): a prefill chunk's rows for the head (the chunk's own pass normed only its last row)."""
+        (fp32): a prefill chunk's or a plain step's rows for the head (those passes keep only the Q8_1 form)."""
         d = self.cfg.d_model
         self.fwd._norm(self.fwd.h, self.fwd.w.output_norm, self.fwd.q8[d], n,
                        y=self.rows_in.view(F32 * first * d, F32 * n * d))

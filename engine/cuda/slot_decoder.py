@@ -14,8 +14,7 @@ has samplers.
 
 With MTP weights (single card) a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step
 that feeds one slot alone, for a request that allows it, is a speculative round and may return several
-tokens (`Pick.extra`). Steps over several slots stay plain, and leave those slots out of speculation
-until they are reset (their heads missed a row).
+tokens (`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed).
 """
 
 from __future__ import annotations
@@ -186,15 +185,15 @@ class SlotDecoder:
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
         """Feed each slot its token and pick its next one, all in one graph replay (single card); a slot fed
         alone may take a speculative round instead."""
+        if self.speculator and len(feeds) == 1:
+            (slot, token), = feeds.items()
+            run = self.speculator.round(slot, token)
+            if run is not None:
+                return {slot: Pick(run[0], None, tuple(run[1:]))}
+        picks = self.step_part(feeds)
         if self.speculator:
-            if len(feeds) == 1:
-                (slot, token), = feeds.items()
-                run = self.speculator.round(slot, token)
-                if run is not None:
-                    return {slot: Pick(run[0], None, tuple(run[1:]))}
-            for slot in feeds:
-                self.speculator.leave_behind(slot)
-        return self.step_part(feeds)  # type: ignore[return-value]
+            self.speculator.stepped(feeds)
+        return picks  # type: ignore[return-value]
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
         """One decode step of the slots in `feeds` on this card. The first card embeds the fed tokens, a later

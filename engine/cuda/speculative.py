@@ -24,13 +24,15 @@ Acceptance, two ways:
   vocabulary: ~1 ms on the H200's PCIe, ~12 ms on the CMP's Gen1 x1, where sampled requests would lose
   to plain decoding until the rule moves to the card.
 
-A slot leaves speculation when the trunk advances without the head (a multi-slot batched step, a
-restored snapshot, which holds no head cache): its head would be out of step until the slot is reset.
+Only a step that feeds one slot alone speculates; a plain step (several slots batched, or a request that
+does not speculate) keeps every in-step head fed: its normed rows become owed rows, and a head owing
+OWED_ROWS rows runs them (`stepped`). A restored snapshot holds no head cache, so that slot leaves
+speculation until it is reset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +40,7 @@ import numpy as np
 from engine.cuda.driver import DeviceBuffer
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gdn import GdnRing, alloc_gdn_ring
-from engine.cuda.mtp import MtpCache, MtpHead
+from engine.cuda.mtp import OWED_ROWS, MtpCache, MtpHead
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.weights import MtpWeights
@@ -102,7 +104,7 @@ class CudaSpeculator:
         self._requests.pop(slot, None)
 
     def leave_behind(self, slot: int) -> None:
-        """The trunk advanced without the head (batched step, restored snapshot): stop until the slot resets."""
+        """The trunk jumped without the head (a restored snapshot): stop until the slot resets."""
         self.caches[slot].in_step = False
         self._requests.pop(slot, None)
 
@@ -142,6 +144,30 @@ class CudaSpeculator:
             c.position += m
         c.owed.copy_from(head.rows_in.view(F32 * total * d, F32 * d))
         c.owed_rows, c.owed_tokens = 1, []
+
+    def stepped(self, feeds: Mapping[int, int]) -> None:
+        """After a plain step over `feeds` (hidden row b of the forward pass's `h` continues the b-th slot in
+        order): every in-step head is owed that row, and the fed token completes its previous owed rows."""
+        order = sorted(feeds)
+        kept = [slot for slot in order if self.caches[slot].in_step and self.caches[slot].owed_rows]
+        if not kept:
+            return
+        head, d = self.head, self.fwd.cfg.d_model
+        head.norm_trunk_rows(0, len(order))
+        for slot in kept:
+            c = self.caches[slot]
+            if c.owed_rows == OWED_ROWS:  # full: run them all (the fed token follows the last), before the copy
+                tokens = c.owed_tokens + [feeds[slot]]
+                head.ids.view(4 * len(order), 4 * len(tokens)).upload(np.asarray(tokens, np.int32))
+                c.steps.view(0, 8).upload(np.asarray([c.position, len(tokens)], np.int32))
+                head.forward(len(tokens), c.rows(0), c.owed, head.ids.view(4 * len(order), 4 * len(tokens)), None)
+                c.position += len(tokens)
+                c.owed_rows, c.owed_tokens = 0, []
+            else:
+                c.owed_tokens.append(feeds[slot])
+            row = order.index(slot)
+            c.owed.view(F32 * c.owed_rows * d, F32 * d).copy_from(head.rows_in.view(F32 * row * d, F32 * d))
+            c.owed_rows += 1
 
     # ---- a round --------------------------------------------------------------------------------
     def round(self, slot: int, token: int) -> list[int] | None:

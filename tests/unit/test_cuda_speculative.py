@@ -138,25 +138,26 @@ def test_sampled_rounds_use_the_host_rule_and_count_the_picks(fixture):
     assert sum(name == "token_counts_add" for name, *_ in card.launches) == 3 + 1  # the prompt, then each round
 
 
-def test_plain_steps_and_snapshots_leave_speculation_until_reset(fixture):
+def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture):
     _, dec = decoder(fixture, 1)
     spec = dec.speculator
     for slot in (0, 1):
         dec.prefill_slot(slot, [1, 2, 3])
         dec.begin(slot, SlotRequest(GREEDY, [1, 2, 3]))
-    picks = dec.step({0: 5, 1: 6})  # several slots: one plain batched step
-    assert all(p.extra == () for p in picks.values()) and not spec.speculating(0) and not spec.caches[0].in_step
-    assert dec.step({0: 5})[0].extra == ()  # still plain
+    cache = spec.caches[0]
+    for _ in range(10):  # several slots: plain batched steps; each owes the head a row, the 8th flushes 8 rows
+        assert all(p.extra == () for p in dec.step({0: 5, 1: 6}).values())
+    assert (cache.position, cache.owed_rows, cache.owed_tokens) == (10, 3, [5, 5])
+    assert cache.position + cache.owed_rows == dec.seqs[0].next_position == 13
+    assert spec.speculating(0) and len(dec.step({0: 5})[0].tokens) == 2  # alone again: a round over 3 owed rows
+    assert cache.position == 13
+    dec.restore_slot(0, dec.snapshot_slot(1))  # the snapshot holds no head cache
+    assert not cache.in_step and dec.step({0: 5})[0].extra == ()
     dec.reset_slot(0)
     dec.prefill_slot(0, [1, 2, 3])
-    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3]))
-    assert spec.speculating(0) and len(dec.step({0: 5})[0].tokens) == 2
-    dec.restore_slot(0, dec.snapshot_slot(1))
-    assert not spec.caches[0].in_step
-    dec.reset_slot(1)
-    dec.prefill_slot(1, [1, 2, 3])
-    dec.begin(1, SlotRequest(GREEDY, [1, 2, 3], speculative=False))
-    assert not spec.speculating(1) and dec.step({1: 5})[1].extra == ()
+    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3], speculative=False))
+    assert not spec.speculating(0) and dec.step({0: 5})[0].extra == ()
+    assert cache.in_step and cache.position + cache.owed_rows == dec.seqs[0].next_position
 
 
 def test_no_round_past_the_context(fixture):

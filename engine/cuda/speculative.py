@@ -148,6 +148,9 @@ class CudaSpeculator:
     def stepped(self, feeds: Mapping[int, int]) -> None:
         """After a plain step over `feeds` (hidden row b of the forward pass's `h` continues the b-th slot in
         order): every in-step head is owed that row, and the fed token completes its previous owed rows."""
+        for slot, token in feeds.items():  # the penalties of the host rule see plainly fed tokens too
+            if slot in self._requests:
+                self._requests[slot].history.append(token)
         order = sorted(feeds)
         kept = [slot for slot in order if self.caches[slot].in_step and self.caches[slot].owed_rows]
         if not kept:

@@ -136,6 +136,11 @@ def test_sampled_rounds_use_the_host_rule_and_count_the_picks(fixture):
         assert len(dec.step({1: 9})[1].tokens) == 2
     assert dec.seqs[1].next_position == 3 + 2 * 3
     assert sum(name == "token_counts_add" for name, *_ in card.launches) == 3 + 1  # the prompt, then each round
+    dec.prefill_slot(0, [1])
+    dec.begin(0, SlotRequest(GREEDY, [1]))
+    dec.step({0: 2, 1: 8})  # a plain batched step: the host rule's history still sees the fed token
+    history = dec.speculator._requests[1].history
+    assert len(history) == 3 + 3 * 2 + 1 and history[-1] == 8  # prompt, (fed + accepted) per round, then 8
 
 
 def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture):

@@ -49,6 +49,7 @@ class CudaBackend:
         self.slot_count = slots
         self.kv = kv_format(kv)
         self.with_mtp = speculative and has_mtp(loaded.file, cfg)
+        self.draft_tokens = draft_tokens
         self.card = CudaCard(card_index, capacity_bytes=card_bytes)
         try:  # a failed or cancelled load must not leave the context pushed (pycuda aborts the process at exit)
             self.plan = self._plan(loaded)
@@ -70,7 +71,8 @@ class CudaBackend:
         other = 0 if self.card.capacity_bytes else max(0, total - self.card.free_bytes())
         profile = CardProfile(self.card.name, total, other_used_bytes=other)
         return plan(footprint_of(loaded), [profile], self.context * self.slot_count, self.kv,
-                    n_seqs=self.slot_count, prefill_chunk=self.chunk, with_mtp=self.with_mtp)
+                    n_seqs=self.slot_count, prefill_chunk=self.chunk, with_mtp=self.with_mtp,
+                    verify_states=self.draft_tokens if self.with_mtp else 0)
 
     @property
     def speculation_stats(self) -> SpeculationStats | None:

@@ -182,3 +182,13 @@ def test_bench_driver_runs_and_projects(fixture):
     for k, d in r["draft_tokens"].items():
         assert d["projection"]["tokens_per_round"] == pytest.approx(tokens_per_round(0.8, k))
         assert "PROJECTION" in d["projection"]["label"] and d["measured"]["tokens_per_s"] > 0
+
+
+def test_the_plan_counts_the_verify_rings(fixture):
+    from engine.generation.memory_plan import CardProfile, plan
+    from engine.generation.model_footprint import footprint_of
+
+    card = CardProfile("card", 1 << 30)
+    fp = footprint_of(fixture)
+    plain, rings = (plan(fp, [card], 256, n_seqs=2, with_mtp=True, verify_states=k) for k in (0, 2))
+    assert rings.cards[0].state_bytes == 3 * plain.cards[0].state_bytes > 0

@@ -66,11 +66,16 @@ class MtpCache:
         """The sequence view of head call `call` of a round (0: the owed rows + draft row, i: chained draft i)."""
         return HeadRows({self.block: self.cache}, self.steps.view(8 * call, 8), self.capacity)
 
-    def set_steps(self, rows: int) -> None:
-        """Per-step values of a round: call 0 runs `rows` rows at the head's position, chained call i one row after."""
+    def step_values(self, rows: int) -> np.ndarray:
+        """Per-step values of a round ([call][pos, n] int32): call 0 runs `rows` rows at the head's position,
+        chained call i one row after them."""
         pos = self.position
         values = [(pos, rows)] + [(pos + rows + i - 1, 1) for i in range(1, self.draft_tokens)]
-        self.steps.upload(np.asarray(values, np.int32))
+        return np.asarray(values, np.int32).reshape(-1)
+
+    def set_steps(self, rows: int) -> None:
+        """Write `step_values(rows)` (synchronously)."""
+        self.steps.upload(self.step_values(rows))
 
     def room(self, rows: int) -> bool:
         return self.position + rows + self.draft_tokens - 1 <= self.capacity

@@ -93,6 +93,8 @@ class CudaSpeculator:
         ]
         self.picks = self.card.alloc(4 * (2 * draft_tokens + 1), "mtp.picks")  # drafts d_1..d_K, then targets t_0..t_K
         self._host_picks = self.card.pinned(2 * draft_tokens + 1, np.int32)
+        # a round's per-step values, copied asynchronously: trunk [pos, n] | head [call][pos, n] | head ids | trunk id
+        self._host_round = self.card.pinned(2 + 2 * draft_tokens + OWED_ROWS + 1, np.int32)
         self.stats = SpeculationStats()
         self._requests: dict[int, _Request] = {}
         self._graphs: dict[tuple[object, ...], object] = {}
@@ -184,11 +186,8 @@ class CudaSpeculator:
             return None
         r = c.owed_rows
         req.history.append(token)
-        c.set_steps(r)
-        seq.set_step(width)
-        self.head.ids.view(0, 4 * r).upload(np.asarray(c.owed_tokens + [token], np.int32))
+        self._upload_round(slot, r, token)
         if req.greedy:
-            self.fwd.ids.view(0, 4).upload(np.asarray([token], np.int32))
             self._run(("greedy", slot, r), lambda: self._greedy_work(slot, r))
             self.picks.download_async(self._host_picks)
             self.card.stream.synchronize()
@@ -202,6 +201,20 @@ class CudaSpeculator:
         self.stats.add(self.k, accepted, len(emitted))
         return emitted
 
+    def _upload_round(self, slot: int, r: int, token: int) -> None:
+        """Stream-ordered copies of the round's per-step values from pinned memory (the round ends in a
+        synchronize, so the host array is free again before the next round writes it)."""
+        vals, c, k = self._host_round, self.caches[slot], self.k
+        vals[0:2] = (self.seqs[slot].next_position, k + 1)
+        vals[2 : 2 + 2 * k] = c.step_values(r)
+        ids = vals[2 + 2 * k : 2 + 2 * k + r + 1]
+        ids[:r] = c.owed_tokens + [token]
+        ids[r] = token
+        self.seqs[slot].step.upload_async(vals[0:2])
+        c.steps.upload_async(vals[2 : 2 + 2 * k])
+        self.head.ids.view(0, 4 * r).upload_async(ids[:r])
+        self.fwd.ids.view(0, 4).upload_async(ids[r:])
+
     def _commit(self, slot: int, r: int, accepted: int, drafts: list[int]) -> None:
         """Keep the trunk's state after x_n, d_1..d_accepted; the head keeps its r true rows and is owed the
         verify's rows 0..accepted (already in its `owed` buffer)."""
@@ -212,10 +225,11 @@ class CudaSpeculator:
         c.position += r
         c.owed_rows, c.owed_tokens = accepted + 1, drafts[:accepted]
 
-    def _restore_states(self, slot: int, token: int) -> None:
+    def _restore_states(self, slot: int, row: int) -> None:
+        """Every GDN layer of the slot back to its state after verify row `row`."""
         seq = self.seqs[slot]
         for i, ring in self.rings[slot].items():
-            ring.commit(seq.gdn[i], token)
+            ring.commit(seq.gdn[i], row)
 
     def _pick(self, i: int) -> DeviceBuffer:
         return self.picks.view(4 * i, 4)

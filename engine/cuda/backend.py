@@ -38,11 +38,13 @@ class CudaBackend:
 
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
-                 kv: str = "f16", speculative: bool = True, draft_tokens: int = 1):
+                 kv: str = "f16", speculative: bool = True, draft_tokens: int = 1, speculate_sampled: bool = False):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
         `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
-        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify."""
+        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for
+        plain-greedy requests, and for sampled ones too with `speculate_sampled` (the exact rule runs on the
+        host, which costs more than it saves at a real vocabulary: engine.cuda.speculative)."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
@@ -58,7 +60,8 @@ class CudaBackend:
             self.weights = upload_weights(self.card, loaded.file, cfg, counter)
             mtp = upload_mtp_weights(self.card, loaded.file, cfg, self.weights) if self.with_mtp else None
             counter.enter("allocating slots and warming up kernels")
-            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp, draft_tokens)
+            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp, draft_tokens,
+                                     speculate_sampled)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:

@@ -66,9 +66,10 @@ class SlotDecoder:
     can_snapshot = True
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
-                 kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1):
+                 kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1,
+                 speculate_sampled: bool = False):
         """`mtp`: the MTP head's weights on this card (which must run the whole model) to speculate with,
-        drafting `draft_tokens` per verify."""
+        drafting `draft_tokens` per verify; `speculate_sampled`: sampled requests too (engine.cuda.speculative)."""
         if not 1 <= slots <= MAX_SLOTS:
             raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
         self.card, self.config, self.context = card, cfg, context
@@ -91,7 +92,7 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
         self._warm_up()
-        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
+        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens, speculate_sampled)
                            if mtp is not None else None)
 
     @property

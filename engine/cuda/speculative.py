@@ -21,8 +21,10 @@ Acceptance, two ways:
   resampling needs p(d), q(d) and max(p - q, 0) under the request's whole filter chain (penalties, top-k,
   top-p, min-p), which the GPU sampler only ever forms implicitly; the host rule is the tested one and
   the simplest correct choice. Its cost is (2K+1) x V fp32 per round, about 3 MB at K=1 for the real
-  vocabulary: ~1 ms on the H200's PCIe, ~12 ms on the CMP's Gen1 x1, where sampled requests would lose
-  to plain decoding until the rule moves to the card.
+  vocabulary (~1 ms on the H200's PCIe, ~12 ms on the CMP's Gen1 x1), plus the host's distribution,
+  7-56 ms per row for 248K tokens on the 2-core dev machine (the sort behind top-p): far more than a
+  decode step. So it is opt-in (`speculate_sampled`); by default only plain-greedy requests speculate,
+  until the rule moves to the card.
 
 Only a step that feeds one slot alone speculates; a plain step (several slots batched, or a request that
 does not speculate) keeps every in-step head fed: its normed rows become owed rows, and a head owing
@@ -77,12 +79,14 @@ class CudaSpeculator:
     """The MTP head, its per-slot state and the verify rounds for the slots of one `SlotDecoder`."""
 
     def __init__(self, fwd: ForwardPass, seqs: Sequence[DeviceSequence], samplers: Sequence[GpuSampler],
-                 weights: MtpWeights, draft_tokens: int = 1):
+                 weights: MtpWeights, draft_tokens: int = 1, speculate_sampled: bool = False):
+        """`speculate_sampled`: also speculate requests that need the host rule (all but plain greedy)."""
         if draft_tokens not in DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be one of {DRAFT_TOKENS}, got {draft_tokens}")
         if not samplers:
             raise ValueError("speculation needs the card with the LM head and the samplers")
         self.fwd, self.card, self.seqs, self.samplers, self.k = fwd, fwd.card, seqs, samplers, draft_tokens
+        self.speculate_sampled = speculate_sampled
         cfg = fwd.cfg
         self.head = MtpHead(fwd, weights, draft_tokens)
         self.caches = [MtpCache(self.card, cfg.d_model, cfg.n_head_kv, cfg.head_dim, weights.index, seq.capacity,
@@ -118,7 +122,7 @@ class CudaSpeculator:
         params = request.params
         if params.plain_greedy:
             self._requests[slot] = _Request(True, list(request.history))
-        else:
+        elif self.speculate_sampled:
             self._requests[slot] = _Request(False, list(request.history), Sampler(params), speculation_rng(params.seed))
 
     def speculating(self, slot: int) -> bool:

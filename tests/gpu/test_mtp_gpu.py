@@ -153,7 +153,7 @@ def test_verify_logits_equal_one_token_decode_logits_and_rollback_is_exact(model
 def test_sampled_requests_speculate_with_the_host_rule(models, k):
     loaded = models["friendly"]
     prompt = prompt_of(loaded)
-    gpu = CudaBackend(loaded, context=256, chunk=32, draft_tokens=k)
+    gpu = CudaBackend(loaded, context=256, chunk=32, draft_tokens=k, speculate_sampled=True)
     try:
         out, _ = decode(gpu, prompt, 48, SlotRequest(SamplingParams(temperature=0.8, top_k=40, seed=5), prompt))
         again, _ = decode(gpu, prompt, 48, SlotRequest(SamplingParams(temperature=0.8, top_k=40, seed=5), prompt))

@@ -33,11 +33,12 @@ def fixture():
     return load_model(FIXTURE)
 
 
-def decoder(fixture, k: int, slots: int = 2) -> tuple[FakeCard, SlotDecoder]:
+def decoder(fixture, k: int, slots: int = 2, sampled: bool = True) -> tuple[FakeCard, SlotDecoder]:
     card = FakeCard()
     weights = upload_weights(card, fixture.file, fixture.config)
     mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)
-    return card, SlotDecoder(card, fixture.config, weights, context=96, slots=slots, chunk=16, mtp=mtp, draft_tokens=k)
+    return card, SlotDecoder(card, fixture.config, weights, context=96, slots=slots, chunk=16, mtp=mtp, draft_tokens=k,
+                             speculate_sampled=sampled)
 
 
 @pytest.mark.parametrize("drafts, targets, emitted", [
@@ -163,6 +164,15 @@ def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture)
     dec.begin(0, SlotRequest(GREEDY, [1, 2, 3], speculative=False))
     assert not spec.speculating(0) and dec.step({0: 5})[0].extra == ()
     assert cache.in_step and cache.position + cache.owed_rows == dec.seqs[0].next_position
+
+
+def test_sampled_requests_speculate_only_when_asked(fixture):
+    _, dec = decoder(fixture, 1, sampled=False)
+    dec.prefill_slot(0, [1, 2, 3])
+    dec.begin(0, SlotRequest(SamplingParams(temperature=0.7, seed=1), [1, 2, 3]))
+    assert not dec.speculator.speculating(0) and dec.step({0: 4})[0].extra == ()
+    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3]))
+    assert dec.speculator.speculating(0)
 
 
 def test_no_round_past_the_context(fixture):

@@ -38,6 +38,32 @@ STATE_TOLERANCE = 1e-3  # GDN states after a rollback against a plain run (relat
 HEAD_TOLERANCE = 5e-2
 
 
+@pytest.mark.parametrize("n_tok", [2, 3])
+def test_the_gdn_ring_holds_the_state_after_each_verify_token(card, rng, n_tok):
+    """gdn_mixer with a ring over T tokens, against the same layer stepped one token at a time from the same
+    state: ring slot t must equal the state after token t bit for bit (the same kernels do the same sums for
+    that token), and the final state must be the plain one."""
+    from engine.cuda.gdn import alloc_gdn_ring
+    from tests.gpu.test_gdn import SMALL, DeviceGdn, random_layer, random_projections, random_state
+
+    layer, state = random_layer(SMALL, rng), random_state(SMALL, rng)
+    proj = random_projections(SMALL, n_tok, rng)
+    verify, single = DeviceGdn(card, layer, state), DeviceGdn(card, layer, state)
+    ring = alloc_gdn_ring(card, verify.state, n_tok - 1, "test.ring")
+    d, conv_bytes, rec_bytes = SMALL, verify.state.conv.nbytes, verify.state.recurrent.nbytes
+    verify.step(proj, ring=ring)
+    for t in range(n_tok):
+        single.step(dataclasses.replace(proj, stacked=proj.stacked[t : t + 1]))
+        want = single.states()
+        if t + 1 < n_tok:
+            conv = ring.conv.view(t * conv_bytes, conv_bytes).download(np.float32, want.conv.shape)
+            rec = ring.recurrent.view(t * rec_bytes, rec_bytes).download(np.float32, want.recurrent.shape)
+        else:
+            conv, rec = verify.states().conv, verify.states().recurrent
+        np.testing.assert_array_equal(conv, want.conv, err_msg=f"conv state after token {t}")
+        np.testing.assert_array_equal(rec, want.recurrent, err_msg=f"recurrent state after token {t} of {d}")
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     cfg = dataclasses.replace(DEMO_CONFIG, n_mtp=1, tied_embeddings=False, is_recurrent=())

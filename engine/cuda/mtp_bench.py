@@ -8,6 +8,11 @@ Measured, per draft count K, at one context depth:
 - end to end: greedy decode tokens/s through `SlotDecoder.step` with and without the head (graph
   replays, the host's share included), the round time, and the acceptance that run saw.
 
+Also timed: the host's share of a sampled round under the exact rule (engine.cuda.speculative brings
+the rows to the host), K+1 target and K draft distributions of the model's vocabulary with Qwen's
+recommended sampling (temperature 0.7, top-p 0.8, top-k 20), which decides whether sampled requests
+should speculate on this machine.
+
 Random weights accept almost nothing (contracts.md: quality needs trained models), so the result also
 carries a projection, labelled as such: tokens per round at the given per-draft acceptance a (1 + a for
 K=1, 1 + a + a^2 for K=2, drafts assumed independent) over the measured end-to-end round time (which
@@ -100,6 +105,23 @@ def _speculative_speed(dec: SlotDecoder, depth: int, steps: int) -> dict[str, fl
             "acceptance": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_verify}
 
 
+def host_rule_ms(vocab: int, k: int, reps: int = 3) -> float:
+    """Host milliseconds of the distributions one sampled round needs (2K+1 rows of `vocab` logits)."""
+    import numpy as np
+
+    from engine.generation.sampler import Sampler
+    from engine.generation.speculative_rule import dense_distribution
+
+    rng = np.random.default_rng(0)
+    rows = (3.0 * rng.standard_normal((2 * k + 1, vocab))).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=0.7, top_p=0.8, top_k=20))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for row in rows:
+            dense_distribution(sampler, row, [])
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
 def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: MtpWeights, shape: str, depth: int,
                   acceptance: float, steps: int = 64, chunk: int = 256) -> dict[str, Any]:
     """The measurements of the module docstring for K = 1 and 2, and the projections at `acceptance`."""
@@ -116,6 +138,7 @@ def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: 
         result["draft_tokens"][k] = {
             **times,
             "measured": measured,
+            "host_rule_ms_per_sampled_round": host_rule_ms(cfg.vocab_size, k),
             "projection": {
                 "label": "PROJECTION, not a measurement: tokens per round at the stated acceptance over the "
                          "measured round time",
@@ -169,7 +192,8 @@ def render_mtp(r: dict[str, Any]) -> str:
         m, p = d["measured"], d["projection"]
         lines.append(
             f"K={k}: decode step {d['decode_step_ms']:.3f} ms, verify {d['verify_step_ms']:.3f} ms "
-            f"({d['verify_over_decode']:.2f}x), draft {d['draft_ms']:.3f} ms; measured {m['tokens_per_s']:.1f} t/s "
+            f"({d['verify_over_decode']:.2f}x), draft {d['draft_ms']:.3f} ms, host rule {d['host_rule_ms_per_sampled_round']:.1f} "
+            f"ms per sampled round; measured {m['tokens_per_s']:.1f} t/s "
             f"(acceptance {m['acceptance']:.0%}, round {m['round_ms']:.2f} ms); PROJECTED at acceptance "
             f"{p['acceptance']:.0%}: {p['tokens_per_s']:.1f} t/s ({p['speedup_over_plain']:.2f}x plain)"
         )

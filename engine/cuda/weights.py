@@ -152,8 +152,12 @@ def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: Pr
 
 
 def has_mtp(mf: ModelFile, cfg: ModelConfig) -> bool:
-    """Does the file carry MTP block 0 (a GGUF may declare nextn layers yet omit them)?"""
-    return cfg.n_mtp > 0 and f"blk.{cfg.n_layers}.nextn.eh_proj.weight" in mf.tensors
+    """Does the file carry an MTP block 0 this backend runs (a GGUF may declare nextn layers yet omit them)?
+    The card's head shares the trunk's embedding and LM head, as Qwen3.5/3.6 files do; a block with its own
+    (`nextn.embed_tokens`, `nextn.shared_head_head`, spec §4.4) is left to the reference backend."""
+    p = f"blk.{cfg.n_layers}.nextn."
+    own = any(p + name in mf.tensors for name in ("embed_tokens.weight", "shared_head_head.weight"))
+    return cfg.n_mtp > 0 and p + "eh_proj.weight" in mf.tensors and not own
 
 
 def upload_mtp_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, trunk: ModelWeights) -> MtpWeights:

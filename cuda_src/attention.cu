@@ -419,10 +419,10 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 // ---------------------------------------------------------------------------------------------
 // Entry points. Decode: attn_decode_d<Dh>_g<G>, grid = n_head_kv * n_splits, block = 32*DECODE_WARPS.
 // Prefill: attn_prefill_d<Dh>, grid = ceil(T*G / PF_BQ) * n_head_kv * n_splits, block = PF_THREADS.
-// `scale` is 1/sqrt(Dh) (passed so the host states it once). Instantiated for Dh 32, 64, 256 and G 1, 2,
-// 4, 6, 8: Dh 256 with G 4 or 6 is every Qwen3.5/3.6 size, Dh 32/64 with G 1, 2, 4 are the tiny test
-// models and the demo model, G 8 is headroom. Each pair costs compile time on six architectures, so
-// add one only for a model that needs it. Choosing n_splits: enough blocks to fill
+// `scale` is 1/sqrt(Dh) (passed so the host states it once). Instantiated for Dh 32, 64, 128, 256 and G 1,
+// 2, 4, 6, 8: Dh 256 with G 4 or 6 is every Qwen3.5/3.6 size, Dh 32/64 with G 1, 2, 4 are the tiny test
+// models and the demo model, Dh 128 with G 2 the trained fixtures (tests/fixtures/trained), G 8 is
+// headroom. Each pair costs compile time on six architectures, so add one only for a model that needs it. Choosing n_splits: enough blocks to fill
 // the card (decode: n_head_kv * n_splits around 3x the SM count; prefill: multiply the q tiles up to
 // about 2x); split boundaries are multiples of SPLIT_ALIGN keys, so short contexts use fewer splits.
 #define ATTN_DECODE_ENTRY(DH, G)                                                                           \

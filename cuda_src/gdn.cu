@@ -110,9 +110,13 @@ __device__ void gdn_gated_norm_head(const float* o, const float* z, const float*
 // same thread can then overwrite it with the new state, the last three raw rows of [old state; mix]: a
 // batch of fewer than three tokens keeps part of the old state (spec pitfall 7). No other thread touches the
 // state, so there is no race.
+// conv_ring (null to skip; speculative verify, T <= GDN_CONV_TILE so tile 0 sees every row): also the state
+// after each of the first T-1 tokens, ring[k-1] [3][Cc] = rows k..k+2 of [old state; mix], so a rejected
+// draft's rows can be dropped by copying ring[j] back instead of re-running the accepted tokens.
 extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long long mix_stride,
                                          const float* __restrict__ conv_w, float* __restrict__ conv_state,
-                                         float* __restrict__ conv_out, int Cc, int n_tokens) {
+                                         float* __restrict__ conv_out, int Cc, int n_tokens,
+                                         float* __restrict__ conv_ring) {
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int t0 = blockIdx.y * GDN_CONV_TILE;
     if (ch >= Cc || t0 >= n_tokens) return;
@@ -140,6 +144,17 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
     }
 
     if (blockIdx.y != 0) return;
+    if (conv_ring != nullptr) {  // before the state is overwritten below
+        for (int k = 1; k < n_tokens; ++k) {
+#pragma unroll
+            for (int s = 0; s < GDN_CONV_K - 1; ++s) {
+                const int row = k + s;
+                conv_ring[((size_t)(k - 1) * (GDN_CONV_K - 1) + s) * Cc + ch] =
+                    row < GDN_CONV_K - 1 ? conv_state[(size_t)row * Cc + ch]
+                                         : mix[(size_t)(row - (GDN_CONV_K - 1)) * mix_stride + ch];
+            }
+        }
+    }
     // new state row s = row T + s of [old state (3 rows); mix (T rows)]; read all three before writing
     float next[GDN_CONV_K - 1];
 #pragma unroll
@@ -163,12 +178,14 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // whole head: every block stores its raw o columns in y, and the last block of the head to finish (counted
 // in head_done[n], which it resets to 0 for the next launch) normalises the head's T rows in place.
 // head_done must be zeroed once when allocated, and launches sharing it must not run concurrently.
+// state_ring (null to skip; speculative verify): also the state after each of the first T-1 tokens,
+// ring[t] [Hv][dk][dv], for rolling back to an accepted prefix without re-running it.
 extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, GDN_RECURRENT_MIN_BLOCKS)
 gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride,
               const float* __restrict__ b, long long b_stride, const float* __restrict__ alpha, long long alpha_stride,
               const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
               float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* head_done, int n_tokens,
-              int Hk, int Hv, int dk, int dv, float eps) {
+              int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring) {
     __shared__ float sq[GDN_MAX_DK];
     __shared__ float sk[GDN_MAX_DK];
     __shared__ float red[GDN_RECURRENT_ROW_GROUPS][GDN_RECURRENT_COLS];
@@ -252,6 +269,14 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
             y[(size_t)t * Hv * dv + (size_t)n * dv + c] = o;
         }
         // sq and sk were last read before the barrier above; red is next written after the next block sums
+        if (state_ring != nullptr && t + 1 < n_tokens) {
+            float* R = state_ring + ((size_t)t * Hv + n) * dk * dv;
+#pragma unroll
+            for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
+                const int r = ty + i * GDN_RECURRENT_ROW_GROUPS;
+                if (col_ok && r < dk) R[(size_t)r * dv + c] = s[i];
+            }
+        }
     }
 #pragma unroll
     for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {

@@ -1,4 +1,5 @@
-"""`rigllm bench [MODEL] --synthetic 9b|27b`: speed of one card as JSON (+ a short table), see engine.cuda.bench."""
+"""`rigllm bench [MODEL] --synthetic 9b|27b`: speed of one card as JSON (+ a short table), see engine.cuda.bench
+(`--mtp`: engine.cuda.mtp_bench)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+TRAINED_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "trained" / "fixture-q8_0.gguf"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pipeline", help="instead: multi-card runs with these card counts, e.g. 1,2,3,4 (with --synthetic)")
     p.add_argument("--devices", default="0", help="GPUs the pipeline's cards sit on, cycled (e.g. 0,1; default 0: "
                                                    "logical cards sharing GPU 0)")
+    p.add_argument("--mtp", action="store_true",
+                   help="instead: MTP speculative decoding at the first --depths value: verify and draft cost against a "
+                        "decode step, speculative tokens/s, and a projection at the acceptance of --mtp-acceptance or "
+                        "of --mtp-fixture (a random head for --synthetic)")
+    p.add_argument("--mtp-acceptance", type=float, help="per-draft acceptance for the projection (default: measured "
+                                                        "on --mtp-fixture)")
+    p.add_argument("--mtp-fixture", default=str(TRAINED_FIXTURE),
+                   help="a trained fixture with an MTP head whose greedy acceptance (arith answers) the projection uses")
     p.add_argument("--json", dest="json_out", help="write the results here (default: stdout only)")
     p.set_defaults(func=run)
 
@@ -57,6 +68,48 @@ def _pipeline(args: argparse.Namespace, prompts: tuple[int, ...]) -> int:
     return 0
 
 
+def _mtp(args: argparse.Namespace, depth: int) -> int:
+    """`--mtp`: the fixture's acceptance first (its own card, closed again), then the costs on the model."""
+    from engine.cuda.driver import CudaCard
+    from engine.cuda.mtp_bench import fixture_acceptance, render_mtp, run_mtp_bench
+    from engine.errors import RigllmError
+
+    fixture = None
+    if args.mtp_acceptance is None:
+        if not Path(args.mtp_fixture).is_file():
+            raise RigllmError(f"no fixture at {args.mtp_fixture}: give --mtp-acceptance or --mtp-fixture")
+        fixture = fixture_acceptance(args.mtp_fixture)
+    acceptance = args.mtp_acceptance if fixture is None else fixture["acceptance"]
+    card = CudaCard(0)
+    try:
+        if args.synthetic:
+            from engine.cuda.synthetic_weights import random_model_weights, random_mtp_weights
+            from engine.gguf.shapes import shape_config
+
+            cfg, shape = shape_config(args.synthetic), args.synthetic
+            if not cfg.n_mtp:
+                raise RigllmError(f"the {shape} shape has no MTP block")
+            weights = random_model_weights(card, cfg)
+            mtp = random_mtp_weights(card, cfg, weights)
+        else:
+            from engine.cuda.weights import has_mtp, upload_mtp_weights, upload_weights
+            from engine.gguf.loader import load_model
+
+            loaded = load_model(args.model)
+            cfg, shape = loaded.config, Path(args.model).name
+            if not has_mtp(loaded.file, cfg):
+                raise RigllmError(f"{shape} has no MTP head")
+            weights = upload_weights(card, loaded.file, cfg)
+            mtp = upload_mtp_weights(card, loaded.file, cfg, weights)
+        result = run_mtp_bench(card, cfg, weights, mtp, shape, depth, acceptance, chunk=args.chunk)
+        gpu = card.device_name
+    finally:
+        card.close()
+    _emit(args, {"gpu": gpu, **result, "fixture_acceptance": fixture})
+    print(render_mtp(result), file=sys.stderr)
+    return 0
+
+
 def _emit(args: argparse.Namespace, result: dict) -> None:
     """Write the JSON (with date, commit and command) to --json or stdout."""
     result = {
@@ -86,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     depths = tuple(int(x) for x in args.depths.split(","))
     if args.pipeline:
         return _pipeline(args, prompts)
+    if args.mtp:
+        return _mtp(args, depths[0])
     card = CudaCard(0)
     try:
         if args.synthetic:

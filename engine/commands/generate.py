@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
             raise RigllmError(f"the prompt with its images is {n_prompt} tokens, the context holds {context}")
     max_tokens = min(args.max_tokens, context - n_prompt)
     backend = open_backend(args.backend, loaded, context=n_prompt + max_tokens,
-                           mmproj=images.encoder.mmproj if images is not None else None, **placement_options(args))
+                           mmproj=images.encoder.mmproj if images is not None else None,
+                           speculative=args.mtp == "on" and images is None, draft_tokens=args.mtp_draft,
+                           **placement_options(args))
     speculative = None
     if images is not None:
         try:
@@ -172,13 +174,15 @@ def run(args: argparse.Namespace) -> int:
         f"{s.prefill_tokens_per_second:.1f} t/s; decode {s.decode_tokens_per_second:.1f} t/s",
         file=sys.stderr,
     )
-    if speculative is not None:
-        print(f"[rigllm] {speculative.stats.summary()}", file=sys.stderr)
+    spec_stats = speculative.stats if speculative is not None else getattr(backend, "speculation_stats", None)
+    if spec_stats is not None:
+        print(f"[rigllm] {spec_stats.summary()}", file=sys.stderr)
     return 0
 
 
 def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStream | None:
-    """The speculating view of `backend` when `--mtp on` and its model has an MTP head (reference only)."""
+    """The speculating view of a reference `backend` when `--mtp on` and its model has an MTP head (the CUDA
+    backend on one card speculates by itself, see `open_backend`)."""
     from engine.generation.backend import ReferenceBackend
     from engine.generation.speculative_stream import SpeculativeStream
 
@@ -186,9 +190,9 @@ def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStrea
         return None
     if isinstance(backend, ReferenceBackend):
         return SpeculativeStream(backend, args.mtp_draft) if backend.model.mtp else None
-    if backend.config.n_mtp:
-        print(f"[rigllm] MTP speculation runs on the reference backend only for now; the {backend.name} backend "
-              "decodes one token per step", file=sys.stderr)
+    if backend.config.n_mtp and getattr(backend, "speculation_stats", None) is None:
+        print(f"[rigllm] MTP speculation runs on the reference backend and the CUDA backend on one card; this "
+              f"{backend.name} backend decodes one token per step", file=sys.stderr)
     return None
 
 

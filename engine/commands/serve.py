@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     snapshot_root = None if args.no_snapshots else (args.snapshot_dir or default_root())
     host = ModelHost(args.backend, args.max_queue, slots=args.slots, prefix_cache_bytes=args.prefix_cache_mb << 20,
-                     opener=functools.partial(open_with_progress, **placement), snapshot_root=snapshot_root,
+                     opener=functools.partial(open_with_progress, speculative=args.mtp == "on", **placement),
+                     snapshot_root=snapshot_root,
                      speculative=args.mtp == "on")
     telemetry = open_source()
     stopping = threading.Event()

@@ -30,6 +30,7 @@ ROTATE_THREADS = 128  # kv::BLOCK
 HEAD_DIMS = (32, 64, 128, 256)  # instantiated head widths (128: the trained fixtures)
 GROUPS = (1, 2, 4, 6, 8)  # GQA group sizes of the fp16 decode kernels (attention.cu), every head width
 KV_DECODE_GROUPS = {256: GROUPS, 128: (1, 2, 4), 64: (1, 2, 4), 32: (1, 2, 4)}  # kv_cache.cu's decode entries
+F16_DECODE_GROUPS = {d: GROUPS for d in HEAD_DIMS}  # attention.cu's fp16 decode entries (prefill: every width)
 QUANTISED_KERNEL_FORMATS = tuple(f for f in CUDA_KERNEL_FORMATS if f != "f16")  # kv_cache.cu entry points
 MAX_PREFILL_SPLITS = 8
 
@@ -81,9 +82,8 @@ def prefill_splits(sm_count: int, n_tokens: int, dims: AttnDims, kv_len: int) ->
 
 
 def _check_shape(dims: AttnDims, decode: bool, quantised: bool) -> None:
-    groups = KV_DECODE_GROUPS.get(dims.head_dim, ()) if quantised else GROUPS
-    if dims.head_dim not in HEAD_DIMS or (decode and dims.group not in groups):
-        built = KV_DECODE_GROUPS if quantised else {d: GROUPS for d in HEAD_DIMS}
+    built = KV_DECODE_GROUPS if quantised else F16_DECODE_GROUPS
+    if dims.head_dim not in built or (decode and dims.group not in built[dims.head_dim]):
         raise RigllmError(
             f"no attention kernel for head_dim {dims.head_dim} with {dims.group} query heads per KV head "
             f"(built, head_dim: groups: {built})"

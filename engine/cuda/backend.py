@@ -3,9 +3,11 @@
 It implements the generation layer's `Backend` (`forward_last` returns the last token's logits, for
 backend comparisons and the host sampler; `decode_on_device`, the single-sequence fast path) and
 `SlotBackend` (engine.generation.slots, the scheduler's batched interface) through its
-`SlotDecoder`. Given an mmproj it also holds the fp16 vision tower on its card and prefills image
-prompts (`ImagePrefill`): `encode_image` runs the tower, `prefill_embedded` splices the rows in.
-All calls must come from the thread that created the backend (one card, one thread: architecture.md).
+`SlotDecoder`, which speculates with the model's MTP head when the file has one (on by default, as on
+the reference; `speculative=False` leaves the head off the card). Given an mmproj it also holds the fp16
+vision tower on its card and prefills image prompts (`ImagePrefill`): `encode_image` runs the tower,
+`prefill_embedded` splices the rows in. All calls must come from the thread that created the backend
+(one card, one thread: architecture.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
-from engine.cuda.weights import trunk_bytes, upload_weights
+from engine.cuda.weights import has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
 from engine.errors import RigllmError
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
@@ -25,6 +27,7 @@ from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
 from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
+from engine.generation.speculative import SpeculationStats
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
 from engine.vision.device_footprint import with_tower
@@ -43,17 +46,23 @@ class CudaBackend:
 
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
-                 kv: str = "f16", mmproj: LoadedMmproj | None = None):
+                 kv: str = "f16", mmproj: LoadedMmproj | None = None, speculative: bool = True,
+                 draft_tokens: int = 1, speculate_sampled: bool = False):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
         `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
         `mmproj`: a validated vision tower paired with this model (engine.vision.encoder checks the pairing),
-        loaded onto this card and counted in its memory plan."""
+        loaded onto this card and counted in its memory plan.
+        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for
+        plain-greedy requests, and for sampled ones too with `speculate_sampled` (the exact rule runs on the
+        host, which costs more than it saves at a real vocabulary: engine.cuda.speculative)."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
         self.slot_count = slots
         self.kv = kv_format(kv)
+        self.with_mtp = speculative and has_mtp(loaded.file, cfg)
+        self.draft_tokens = draft_tokens
         self.card = CudaCard(card_index, capacity_bytes=card_bytes)
         self.images: ImageEncoder | None = None
         try:  # a failed or cancelled load must not leave the context pushed (pycuda aborts the process at exit)
@@ -64,8 +73,10 @@ class CudaBackend:
             if mmproj is not None:
                 counter.enter("uploading the vision tower")
                 self.images = ImageEncoder(mmproj, self.card)
+            mtp = upload_mtp_weights(self.card, loaded.file, cfg, self.weights) if self.with_mtp else None
             counter.enter("allocating slots and warming up kernels")
-            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv)
+            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp, draft_tokens,
+                                     speculate_sampled)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:
@@ -79,7 +90,13 @@ class CudaBackend:
         profile = CardProfile(self.card.name, total, other_used_bytes=other)
         fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
         return plan(fp, [profile], self.context * self.slot_count, self.kv, n_seqs=self.slot_count,
-                    prefill_chunk=self.chunk)
+                    prefill_chunk=self.chunk, with_mtp=self.with_mtp,
+                    verify_states=self.draft_tokens if self.with_mtp else 0)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """MTP acceptance counts (None without the head)."""
+        return self.slots.speculation_stats
 
     # ---- images (ImagePrefill) -------------------------------------------------------------------
     @property

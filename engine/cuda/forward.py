@@ -15,7 +15,10 @@ positions in a device buffer (`positions` [T][3] int32) instead of the text posi
 Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_batch`
 one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
 B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
-GDN with its state) run row by row on each sequence's own state.
+GDN with its state) run row by row on each sequence's own state. `run_verify` is `run` for a
+speculative verify (T <= 8 tokens through the GEMV path): logits and normed hidden rows for every
+token, the GDN states after each token kept in rings for the rollback, attention splits sized for the
+capacity so that a captured verify graph replays at any position.
 
 Activations: the residual stream `h` is fp32; every matmul input is Q8_1 (quantized by the
 norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is fp16 or a
@@ -41,7 +44,7 @@ from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
 from engine.cuda.embedding import embed_q8_0
 from engine.cuda.gemm import gemm_q8
-from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_head_counters, gdn_mixer
+from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8, quantize_q8_1
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
@@ -104,6 +107,8 @@ class ForwardPass:
                 self.stage_v = card.alloc(stage_bytes, "attn.stage_v")
                 self.q_rot = (card.alloc(F32 * max_tokens * c.n_head * domain_width(kv.k, c.head_dim), "attn.q_rot")
                               if kv.k.rotated else None)
+        self._rings: dict[int, GdnRing] | None = None  # set during run_verify only
+        self._anywhere = False  # attention splits sized for the capacity (run_verify, run_block)
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _matmul(self, w: Q8Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
@@ -115,11 +120,12 @@ class ForwardPass:
     def _segment(self, w: Q8Weight, index: int, n: int) -> DeviceBuffer:
         return w.segment_view(self.proj, index, n)
 
-    def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int) -> None:
+    def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, y: DeviceBuffer | None = None) -> None:
+        """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given)."""
         d = self.cfg.d_model
         grid, threads = ((1, NORM_SLICES_DECODE), NORM_THREADS_DECODE) if n == 1 else (n, NORM_THREADS_BATCH)
         self.card.kernel("rmsnorm_q8_1").launch(
-            grid, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), None, out.xq, out.xd, np.int32(d)
+            grid, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), y, out.xq, out.xd, np.int32(d)
         )
 
     def logits_row(self, row: int) -> DeviceBuffer:
@@ -149,6 +155,31 @@ class ForwardPass:
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
         self._norm(last, self.w.output_norm, x, 1)
         gemv_q8(self.card, self.w.lm_head, x, self.logits, 1)
+
+    def run_verify(self, n: int, seq: DeviceSequence, rings: dict[int, GdnRing], hidden: DeviceBuffer) -> None:
+        """A speculative verify: the n <= 8 tokens in `ids` continuing `seq` (at its `step`), on the card that
+        runs the whole model. Logits of row t → `logits_row(t)`; the final-normed hidden rows → `hidden`
+        ([n][D] fp32, the MTP head's input); each GDN layer's states after tokens 0..n-2 → `rings[layer]`."""
+        cfg = self.cfg
+        if not (self.embeds and self.heads) or not 1 <= n <= MAX_GEMV_TOKENS:
+            raise ValueError(f"a verify runs 1..{MAX_GEMV_TOKENS} tokens on a card holding the whole model")
+        self._rings, self._anywhere = rings, True
+        try:
+            self._layers(n, [seq], [None])  # speculation runs on text positions only
+        finally:
+            self._rings, self._anywhere = None, False
+        x = self.q8[cfg.d_model]
+        self._norm(self.h, self.w.output_norm, x, n, y=hidden)
+        gemv_q8(self.card, self.w.lm_head, x, self.logits, n)
+
+    def run_block(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
+        """Decoder block i (the MTP block, whose index follows the trunk's) on the n rows in `h`, continuing
+        `seq`'s cache of that block; attention splits are sized for the capacity (a graph replays anywhere)."""
+        self._anywhere = True
+        try:
+            self._layer(i, layer, n, [seq], [None])
+        finally:
+            self._anywhere = False
 
     def run_batch(self, seqs: list[DeviceSequence], positions: Sequence[DeviceBuffer | None] | None = None) -> None:
         """One token per sequence (row b of `ids` continues seqs[b], each at its own `step`, which must say
@@ -205,7 +236,8 @@ class ForwardPass:
             inputs = GdnInputs(*(Rows(_rows(segments[s], widths[s], row, tokens), widths[s]) for s in range(4)))
             gdn_mixer(self.card, self.gdn_dims, w, seq.gdn[i], inputs, self.conv_out,
                       _rows(self.gdn_y, c.ssm_d_inner, row, tokens), self.head_done, tokens, c.rms_eps,
-                      y_q8=_q8_rows(y, row, tokens) if fused_q8 else None)
+                      y_q8=_q8_rows(y, row, tokens) if fused_q8 else None,
+                      ring=self._rings[i] if self._rings is not None else None)
         if not fused_q8:
             quantize_q8_1(self.card, self.gdn_y, y, n)
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
@@ -240,7 +272,8 @@ class ForwardPass:
         attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, positions,
                   seq.step, self.q_out, k_dst, v_dst, n, seq.capacity, c.rms_eps,
                   stage_rows=self.max_tokens if quantised else 0)
-        splits = self.decode_splits if n == 1 else prefill_splits(card.sm_count, n, dims, seq.next_position + n)
+        kv_len = seq.capacity if self._anywhere else seq.next_position + n  # a verify graph replays anywhere
+        splits = self.decode_splits if n == 1 else prefill_splits(card.sm_count, n, dims, kv_len)
         if not quantised:
             if n == 1:
                 attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)

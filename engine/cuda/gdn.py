@@ -7,6 +7,10 @@ chunks). The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV
 sequence's `GdnState` (engine.cuda.sequence): fp32 conv [Kc-1][Cc] (oldest first) and recurrent
 [Hv][dk][dv]; zeroing and snapshots are that module's driver memsets and copies.
 
+A speculative verify passes a `GdnRing`: the conv and recurrent kernels then also write the state after
+each of the batch's first T-1 tokens, so accepting j of the drafts is a copy of ring slot j (`commit`)
+instead of a re-run of the accepted tokens.
+
 The four in-projection outputs can sit anywhere (a stacked GEMV output, an fp32 alpha/beta kernel's
 buffer): each is a `Rows` view with its own row stride.
 """
@@ -132,6 +136,38 @@ class GdnInputs:
             rows.check(what, width, n_tokens)
 
 
+@dataclass(frozen=True)
+class GdnRing:
+    """One layer's states after each of a verify's first `slots` tokens: conv [slots][Kc-1][Cc], recurrent
+    [slots][Hv][dk][dv] (fp32, the layouts of `GdnState`)."""
+
+    conv: DeviceBuffer
+    recurrent: DeviceBuffer
+    slots: int
+
+    def check(self, state: GdnState, n_tokens: int) -> None:
+        if n_tokens - 1 > self.slots or n_tokens > CONV_TILE:
+            raise ValueError(f"a ring of {self.slots} slots holds the states of a verify of at most "
+                             f"{min(self.slots + 1, CONV_TILE)} tokens, not {n_tokens}")
+        _check_out("conv ring", self.conv, self.slots * state.conv.nbytes)
+        _check_out("recurrent ring", self.recurrent, self.slots * state.recurrent.nbytes)
+
+    def commit(self, state: GdnState, slot: int, stream: Stream | None = None) -> None:
+        """Make the state after token `slot` (0-based) of the last verify the current one (device copies)."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"ring slot {slot} outside 0..{self.slots - 1}")
+        for dst, ring in ((state.conv, self.conv), (state.recurrent, self.recurrent)):
+            dst.copy_from(ring.view(slot * dst.nbytes, dst.nbytes), stream=stream)
+
+
+def alloc_gdn_ring(card: CudaCard, state: GdnState, slots: int, label: str) -> GdnRing:
+    """A ring of `slots` states shaped like `state`."""
+    if slots < 1:
+        raise ValueError(f"a GDN ring needs at least one slot, not {slots}")
+    return GdnRing(card.alloc(slots * state.conv.nbytes, f"{label}.conv"),
+                   card.alloc(slots * state.recurrent.nbytes, f"{label}.rec"), slots)
+
+
 def _check_tokens(n_tokens: int) -> None:
     if not 1 <= n_tokens <= CONV_TILE * _MAX_GRID_YZ:
         raise ValueError(f"a GDN batch holds 1..{CONV_TILE * _MAX_GRID_YZ} tokens, not {n_tokens}")
@@ -158,27 +194,32 @@ def _q8_args(
 
 def gdn_conv_silu(
     card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, mix: Rows, conv_out: DeviceBuffer,
-    n_tokens: int, stream: Stream | None = None,
+    n_tokens: int, stream: Stream | None = None, ring: GdnRing | None = None,
 ) -> None:
-    """conv_out [T][Cc] = SiLU(causal conv of mix after the conv state); the conv state advances by T rows."""
+    """conv_out [T][Cc] = SiLU(causal conv of mix after the conv state); the conv state advances by T rows
+    (and `ring` gets the states after the first T-1 of them)."""
     _check_tokens(n_tokens)
+    if ring is not None:
+        ring.check(state, n_tokens)
     mix.check("mix", dims.cc, n_tokens)
     _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
     grid = (-(-dims.cc // CONV_THREADS), -(-n_tokens // CONV_TILE))
     card.kernel("gdn_conv_silu").launch(
         grid, CONV_THREADS, mix.buf, np.int64(mix.stride), weights.conv_w, state.conv, conv_out,
-        np.int32(dims.cc), np.int32(n_tokens), stream=stream,
+        np.int32(dims.cc), np.int32(n_tokens), ring.conv if ring is not None else None, stream=stream,
     )
 
 
 def gdn_recurrent(
     card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, conv_out: DeviceBuffer,
     inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
-    y_q8: Q8Activations | None = None, stream: Stream | None = None,
+    y_q8: Q8Activations | None = None, stream: Stream | None = None, ring: GdnRing | None = None,
 ) -> None:
     """Token-by-token delta rule + gated norm (rms eps `eps`): y [T][Cv] (and its Q8_1 copy); the recurrent
-    state advances."""
+    state advances (and `ring` gets the states after the first T-1 tokens)."""
     _check_tokens(n_tokens)
+    if ring is not None:
+        ring.check(state, n_tokens)
     inputs.check(dims, n_tokens)
     _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
     _check_out("y", y, F32 * n_tokens * dims.cv)
@@ -189,7 +230,7 @@ def gdn_recurrent(
         np.int64(inputs.z.stride), inputs.b.buf, np.int64(inputs.b.stride), inputs.alpha.buf,
         np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm, state.recurrent, y, yq, yd,
         counters, np.int32(n_tokens), np.int32(dims.n_k_heads), np.int32(dims.n_v_heads), np.int32(dims.d_k),
-        np.int32(dims.d_v), np.float32(eps), stream=stream,
+        np.int32(dims.d_v), np.float32(eps), ring.recurrent if ring is not None else None, stream=stream,
     )
 
 
@@ -233,17 +274,21 @@ def gdn_mixer(
     card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, inputs: GdnInputs,
     conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, recurrent: bool | None = None, stream: Stream | None = None,
+    ring: GdnRing | None = None,
 ) -> None:
     """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv]
     (and its Q8_1 copy, the ssm_out GEMV's input). `eps` is the model's rms_eps.
 
     `recurrent` picks the delta-rule form (default: recurrent up to RECURRENT_MAX_TOKENS tokens); both are
-    the same function of the inputs and the state, so the choice is only about speed.
+    the same function of the inputs and the state, so the choice is only about speed. `ring` (speculative
+    verify) keeps the per-token states and needs the recurrent form.
     """
     use_recurrent = n_tokens <= RECURRENT_MAX_TOKENS if recurrent is None else recurrent
-    gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream)
+    if ring is not None and not use_recurrent:
+        raise ValueError("per-token states (a GDN ring) come from the recurrent form only")
+    gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream, ring)
     if use_recurrent:
-        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream)
+        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream, ring)
     else:
         gdn_chunk_prefill(card, dims, weights, state, conv_out, inputs, y, n_tokens, stream)
         gdn_gated_norm(card, dims, weights, y, inputs.z, y, n_tokens, eps, y_q8, stream)

@@ -137,13 +137,15 @@ class GpuSampler:
             stream=stream,
         )
 
-    def argmax(self, logits: DeviceBuffer, stream: Stream | None = None) -> None:
-        """Greedy without penalties or counts: the arg-max of `logits` (lowest id on ties, -1 on NaN/+inf)."""
+    def argmax(self, logits: DeviceBuffer, stream: Stream | None = None, token: DeviceBuffer | None = None) -> None:
+        """Greedy without penalties or counts: the arg-max of `logits` (lowest id on ties, -1 on NaN/+inf), into
+        `token` (default: this sampler's; a speculative round puts several picks side by side)."""
         if logits.nbytes < 4 * self.vocab:
             raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
         k = self.card.kernel
         k("argmax_partial").launch(self.parts, SAMPLE_THREADS, logits, np.int32(self.vocab), self.partials, stream=stream)
-        k("argmax_final").launch(1, SAMPLE_THREADS, self.partials, np.int32(self.parts), self.token, stream=stream)
+        k("argmax_final").launch(1, SAMPLE_THREADS, self.partials, np.int32(self.parts),
+                                 self.token if token is None else token, stream=stream)
 
     def read_token(self) -> int:
         """The last id written to `token` (waits for the work before it)."""

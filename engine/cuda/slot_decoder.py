@@ -18,6 +18,10 @@ positions from a device buffer. After an image a sequence's rope positions run b
 (`DeviceSequence.rope_shift`): later prefill chunks upload their shifted text positions, and decode
 steps always read each slot's rope position from the per-step buffer (the same bits as text
 positions when there is no shift), so the captured graphs serve both.
+
+With MTP weights (single card) a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step
+that feeds one slot alone, for a request that allows it, is a speculative round and may return several
+tokens (`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed).
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
-from engine.cuda.weights import ModelWeights
+from engine.cuda.speculative import CudaSpeculator
+from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.generation.kv_formats import KVFormat
+from engine.generation.speculative import SpeculationStats
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import text_positions
 from engine.vision.multimodal_prompt import PromptSegment
@@ -70,7 +76,10 @@ class SlotDecoder:
     can_snapshot = True
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
-                 kv: KVFormat = F16_FORMAT):
+                 kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1,
+                 speculate_sampled: bool = False):
+        """`mtp`: the MTP head's weights on this card (which must run the whole model) to speculate with,
+        drafting `draft_tokens` per verify; `speculate_sampled`: sampled requests too (engine.cuda.speculative)."""
         if not 1 <= slots <= MAX_SLOTS:
             raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
         self.card, self.config, self.context = card, cfg, context
@@ -95,6 +104,13 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
         self._warm_up()
+        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens, speculate_sampled)
+                           if mtp is not None else None)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats | None:
+        """Acceptance counts over this decoder's life; None when it does not speculate."""
+        return self.speculator.stats if self.speculator else None
 
     def _warm_up(self) -> None:
         """Run every batch width and both pickers once: capturing executes nothing, so each kernel (and GEMV
@@ -120,13 +136,18 @@ class SlotDecoder:
 
     def reset_slot(self, slot: int) -> None:
         self.seqs[slot].reset()
+        if self.speculator:
+            self.speculator.reset(slot)
 
     def prefill(self, token_ids: Sequence[int], seq: DeviceSequence) -> None:
         """Run the tokens through the model in chunks (single card); the last token's logits end in row 0."""
         ids = np.asarray(token_ids, dtype=np.int32)
         self.check_room(seq, len(ids))
+        slot = self.slot_of(seq) if self.speculator else -1
         for start in range(0, len(ids), self.prefill_chunk):
             self.prefill_part(seq, ids[start : start + self.prefill_chunk])
+            if self.speculator:
+                self.speculator.prefilled(slot, ids[start : start + self.prefill_chunk])
 
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         self.prefill(token_ids, self.seqs[slot])
@@ -136,6 +157,8 @@ class SlotDecoder:
         pad token's, attention uses its (t, h, w) positions; later tokens continue at the largest + 1."""
         seq = self.seqs[slot]
         self.check_room(seq, len(segment.token_ids))
+        if self.speculator:  # the head runs on text positions only: no speculation after an image (as on the reference)
+            self.speculator.leave_behind(slot)
         for start in range(0, len(segment.token_ids), self.prefill_chunk):
             stop = min(start + self.prefill_chunk, len(segment.token_ids))
             part = segment.part(start, stop)
@@ -191,11 +214,22 @@ class SlotDecoder:
                 sampler.count_tokens(self.fwd.ids, len(part))
             sampler.sample(self.fwd.logits_row(0))
         logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
+        if self.speculator:
+            self.speculator.begin(slot, request)
         return Pick(sampler.read_token(), logits)
 
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
-        """Feed each slot its token and pick its next one, all in one graph replay (single card)."""
-        return self.step_part(feeds)  # type: ignore[return-value]
+        """Feed each slot its token and pick its next one, all in one graph replay (single card); a slot fed
+        alone may take a speculative round instead."""
+        if self.speculator and len(feeds) == 1:
+            (slot, token), = feeds.items()
+            run = self.speculator.round(slot, token)
+            if run is not None:
+                return {slot: Pick(run[0], None, tuple(run[1:]))}
+        picks = self.step_part(feeds)
+        if self.speculator:
+            self.speculator.stepped(feeds)
+        return picks  # type: ignore[return-value]
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
         """One decode step of the slots in `feeds` on this card. The first card embeds the fed tokens, a later
@@ -255,6 +289,8 @@ class SlotDecoder:
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
         self.seqs[slot].restore(snapshot.state)
+        if self.speculator:
+            self.speculator.leave_behind(slot)  # the snapshot holds no head cache
 
 
 def embedded_runs(segment: PromptSegment) -> list[tuple[int, np.ndarray]]:

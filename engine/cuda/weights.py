@@ -59,6 +59,19 @@ class LayerWeights:
 
 
 @dataclass(frozen=True)
+class MtpWeights:
+    """MTP block `index` (spec §6.10): its input projection and norms, and its decoder block (an attention
+    layer with its FFN); the embedding and the LM head are the trunk's."""
+
+    index: int  # block index in the file: n_layers + k
+    eh_proj: Q8Weight  # [D] x [2D], input = [enorm(embedding) ; hnorm(hidden)]
+    enorm: DeviceBuffer
+    hnorm: DeviceBuffer
+    head_norm: DeviceBuffer  # shared_head_norm, or the trunk's output_norm when the file has none
+    block: LayerWeights
+
+
+@dataclass(frozen=True)
 class ModelWeights:
     """The weights one card holds: trunk layers [first_layer, first_layer + len(layers)), the embedding
     on the card that starts the model, the final norm and LM head on the card that ends it."""
@@ -75,7 +88,7 @@ class ModelWeights:
 
 
 def card_tensors(name: str, cfg: ModelConfig, span: range) -> bool:
-    """Does the card holding trunk layers `span` need tensor `name`? (MTP blocks stay on the host.)"""
+    """Does the card holding trunk layers `span` need tensor `name`? (MTP blocks: `upload_mtp_weights`.)"""
     if name.startswith("blk."):
         return int(name.split(".")[1]) in span
     if name == "token_embd.weight":
@@ -126,40 +139,65 @@ def trunk_bytes(mf: ModelFile, cfg: ModelConfig, span: range | None = None) -> i
 
 def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: ProgressCounter | None = None,
                    span: range | None = None) -> ModelWeights:
-    """The tensors of `mf` that the card holding trunk layers `span` (default: all) needs, on `card`
-    (the MTP block stays on the host until MTP lands)."""
+    """The trunk tensors of `mf` that the card holding trunk layers `span` (default: all) needs, on `card`
+    (the MTP block is uploaded separately, when speculation is on: `upload_mtp_weights`)."""
     span = range(cfg.n_layers) if span is None else span
     up = _Uploader(card, mf, progress)
-    layers = []
-    for i in span:
-        p = f"blk.{i}."
-        mixer: GdnWeights | AttentionWeights
-        if cfg.is_gdn(i):
-            mixer = GdnWeights(
-                attn_norm=up.f32(p + "attn_norm.weight"),
-                in_proj=up.q8(p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"),
-                conv_w=up.f32(p + "ssm_conv1d.weight"),
-                ssm_a=up.f32(p + "ssm_a"),
-                dt_bias=up.f32(p + "ssm_dt.bias"),
-                ssm_norm=up.f32(p + "ssm_norm.weight"),
-                out_proj=up.q8(p + "ssm_out.weight"),
-            )
-        else:
-            mixer = AttentionWeights(
-                attn_norm=up.f32(p + "attn_norm.weight"),
-                qkv=up.q8(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
-                q_norm=up.f32(p + "attn_q_norm.weight"),
-                k_norm=up.f32(p + "attn_k_norm.weight"),
-                out_proj=up.q8(p + "attn_output.weight"),
-            )
-        ffn = FfnWeights(
-            post_attention_norm=up.f32(p + "post_attention_norm.weight"),
-            gate_up=up.q8(p + "ffn_gate.weight", p + "ffn_up.weight"),
-            down=up.q8(p + "ffn_down.weight"),
-        )
-        layers.append(LayerWeights(mixer, ffn))
+    layers = [_layer_weights(up, cfg, i) for i in span]
     embd = up.q8("token_embd.weight") if card_tensors("token_embd.weight", cfg, span) else None
     ends = span.stop == cfg.n_layers
     lm_head = (embd if cfg.tied_embeddings else up.q8("output.weight")) if ends else None
     return ModelWeights(embd if span.start == 0 else None, tuple(layers),
                         up.f32("output_norm.weight") if ends else None, lm_head, span.start)
+
+
+def has_mtp(mf: ModelFile, cfg: ModelConfig) -> bool:
+    """Does the file carry an MTP block 0 this backend runs (a GGUF may declare nextn layers yet omit them)?
+    The card's head shares the trunk's embedding and LM head, as Qwen3.5/3.6 files do; a block with its own
+    (`nextn.embed_tokens`, `nextn.shared_head_head`, spec §4.4) is left to the reference backend."""
+    p = f"blk.{cfg.n_layers}.nextn."
+    own = any(p + name in mf.tensors for name in ("embed_tokens.weight", "shared_head_head.weight"))
+    return cfg.n_mtp > 0 and p + "eh_proj.weight" in mf.tensors and not own
+
+
+def upload_mtp_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, trunk: ModelWeights) -> MtpWeights:
+    """MTP block 0 of `mf` on the card that holds the trunk's LM head (its shared head norm defaults to
+    the trunk's output norm, spec §6.10)."""
+    if not has_mtp(mf, cfg) or trunk.output_norm is None:
+        raise ValueError("MTP block 0 goes on the card with the LM head of a file that carries it")
+    i = cfg.n_layers
+    p = f"blk.{i}.nextn."
+    up = _Uploader(card, mf, None)
+    head_norm = up.f32(p + "shared_head_norm.weight") if p + "shared_head_norm.weight" in mf.tensors else trunk.output_norm
+    return MtpWeights(i, up.q8(p + "eh_proj.weight"), up.f32(p + "enorm.weight"), up.f32(p + "hnorm.weight"),
+                      head_norm, _layer_weights(up, cfg, i))
+
+
+def _layer_weights(up: _Uploader, cfg: ModelConfig, i: int) -> LayerWeights:
+    """Decoder block i (a trunk layer, or an MTP block's attention layer)."""
+    p = f"blk.{i}."
+    mixer: GdnWeights | AttentionWeights
+    if cfg.is_gdn(i):
+        mixer = GdnWeights(
+            attn_norm=up.f32(p + "attn_norm.weight"),
+            in_proj=up.q8(p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"),
+            conv_w=up.f32(p + "ssm_conv1d.weight"),
+            ssm_a=up.f32(p + "ssm_a"),
+            dt_bias=up.f32(p + "ssm_dt.bias"),
+            ssm_norm=up.f32(p + "ssm_norm.weight"),
+            out_proj=up.q8(p + "ssm_out.weight"),
+        )
+    else:
+        mixer = AttentionWeights(
+            attn_norm=up.f32(p + "attn_norm.weight"),
+            qkv=up.q8(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+            q_norm=up.f32(p + "attn_q_norm.weight"),
+            k_norm=up.f32(p + "attn_k_norm.weight"),
+            out_proj=up.q8(p + "attn_output.weight"),
+        )
+    ffn = FfnWeights(
+        post_attention_norm=up.f32(p + "post_attention_norm.weight"),
+        gate_up=up.q8(p + "ffn_gate.weight", p + "ffn_up.weight"),
+        down=up.q8(p + "ffn_down.weight"),
+    )
+    return LayerWeights(mixer, ffn)

@@ -105,7 +105,8 @@ class ReferenceBackend:
 def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
                  progress: ProgressCallback | None = None, slots: int = 1, cards: Sequence[Any] | None = None,
                  split: Sequence[int] | None = None, kv: str = "f16", sparse: bool = False,
-                 thread_factory: Callable[..., Any] | None = None, mmproj: LoadedMmproj | None = None) -> Backend:
+                 thread_factory: Callable[..., Any] | None = None, mmproj: LoadedMmproj | None = None,
+                 speculative: bool = True, draft_tokens: int = 1) -> Backend:
     """Build the named backend; `auto` takes CUDA when pycuda and a GPU are usable, else the reference.
 
     `context`: the most tokens one sequence will hold (sizes the GPU's KV cache; default the model's).
@@ -117,6 +118,8 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     `thread_factory(target, name)` makes each card's thread on several cards (the app passes QThreads).
     `mmproj`: the model's vision tower, loaded onto the (first) card by the CUDA backend, which then
     encodes and prefills images itself; the reference runs its numpy tower elsewhere and ignores it.
+    `speculative`, `draft_tokens`: the CUDA backend on one card loads the model's MTP head (when it has one)
+    and drafts that many tokens per verify (the reference speculates through `HostSlots` instead).
     """
     if name == "auto":
         from engine.cuda.driver import gpu_unavailable_reason
@@ -141,5 +144,5 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         spec = cards[0] if cards else None
         return CudaBackend(loaded, context=context, slots=slots, progress=progress, kv=kv,
                            card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None,
-                           mmproj=mmproj)
+                           mmproj=mmproj, speculative=speculative, draft_tokens=draft_tokens)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

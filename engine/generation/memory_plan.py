@@ -135,8 +135,12 @@ def plan(
     *,
     k_bits: int | None = None,
     v_bits: int | None = None,
+    verify_states: int = 0,
 ) -> MemoryPlan:
     """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit.
+
+    `with_mtp` adds the MTP block (weights and KV); `verify_states` the speculative verify's rollback states,
+    extra GDN states per sequence and layer (the CUDA backend keeps its draft count: engine.cuda.gdn.GdnRing).
 
     The KV format is `kv` (default f16) with the K and V sides optionally chosen by bits (16, 8, 4, 3):
     `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan. A vision tower in the footprint
@@ -157,11 +161,13 @@ def plan(
         if card.usable_bytes <= 0:
             raise RigllmError(f"{card.name}: no usable memory ({format_bytes(card.total_bytes)} total)")
 
+    states = 1 + verify_states  # the live GDN state, plus the verify's ring
+
     def layer_parts(block: int) -> tuple[int, int, int]:
         return (
             fp.block_bytes[block],
             context * fp.kv_bytes_per_token(block, kv),
-            n_seqs * fp.state_bytes_per_sequence(block),
+            n_seqs * states * fp.state_bytes_per_sequence(block),
         )
 
     mtp_blocks = range(cfg.n_layers, cfg.n_blocks) if with_mtp else range(0)

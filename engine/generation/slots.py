@@ -14,7 +14,8 @@ over the reference backend; the CUDA backends have it natively when loaded with 
 Speculative decoding is another (engine.generation.speculative): a step may then return several
 tokens for a slot (`Pick.extra`); all but the last are already consumed by the slot's state, and the
 last is the one fed at the next step. `HostSlots` speculates over a reference model with an MTP head
-(on by default, off per backend or per request with `SlotRequest.speculative`).
+(on by default, off per backend or per request with `SlotRequest.speculative`); the CUDA backend on one
+card does it natively (engine.cuda.speculative).
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ BackendOpener = Callable[[str, LoadedModel, int, int, ProgressCallback, LoadedMm
 
 def open_with_progress(name: str, loaded: LoadedModel, context: int, slots: int, progress: ProgressCallback,
                        mmproj: LoadedMmproj | None = None, **placement: Any) -> Backend:
-    """`placement`: the cards, layer split and KV format (`open_backend`'s kv, cards, split)."""
+    """`placement`: the cards, layer split, KV format and MTP switch (`open_backend`'s kv, cards, split,
+    speculative)."""
     return open_backend(name, loaded, context=context, progress=progress, slots=slots, mmproj=mmproj, **placement)
 
 

@@ -179,9 +179,9 @@ class DeviceGdn:
         self.counters = alloc_head_counters(card, d, "test.gdn.counters")
         self.last_q8: tuple[np.ndarray, np.ndarray] | None = None  # (xq, xd) of the last step, when asked
 
-    def step(self, proj: Projections, recurrent: bool | None = None, q8: bool = False) -> np.ndarray:
+    def step(self, proj: Projections, recurrent: bool | None = None, q8: bool = False, ring=None) -> np.ndarray:
         """Run T tokens; returns y [T, Cv]. `recurrent` picks the form (default: gdn_mixer's choice); `q8`
-        also asks for the Q8_1 copy of y, left in `last_q8`."""
+        also asks for the Q8_1 copy of y, left in `last_q8`; `ring` keeps the per-token states (a verify)."""
         d, card, n_tok = self.dims, self.card, proj.n_tokens
         stacked = card.upload(proj.stacked, "test.gdn.proj")
         width = proj.stacked.shape[1]
@@ -191,7 +191,7 @@ class DeviceGdn:
         y = card.alloc(F32 * n_tok * d.cv, "test.gdn.y")
         y_q8 = alloc_q8_activations(card, d.cv, n_tok, "test.gdn.y_q8") if q8 else None
         gdn_mixer(card, d, self.weights, self.state, inputs, conv_out, y, self.counters, n_tok, self.layer.eps, y_q8,
-                  recurrent)
+                  recurrent, ring=ring)
         card.synchronize()
         if y_q8 is not None:
             self.last_q8 = (y_q8.xq.download(np.int8, (n_tok, d.cv)), y_q8.xd.download(np.float32, (n_tok, d.cv // 32)))

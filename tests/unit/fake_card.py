@@ -82,6 +82,16 @@ class _Sync:
     handle = 0
 
 
+class FakeEvent(_Sync):
+    """An event whose every interval is 1 ms (benchmark drivers run; their numbers mean nothing here)."""
+
+    def record(self, stream: Any = None) -> "FakeEvent":
+        return self
+
+    def elapsed_ms(self, start: "FakeEvent") -> float:
+        return 1.0
+
+
 class FakeGraph:
     def close(self) -> None:
         """Nothing to release."""
@@ -128,8 +138,8 @@ class FakeCard:
     def synchronize(self) -> None:
         """Nothing runs asynchronously here."""
 
-    def event(self) -> Any:
-        return _Sync()
+    def event(self) -> FakeEvent:
+        return FakeEvent()
 
     def close(self) -> None:
         """Nothing to release."""

@@ -1,0 +1,200 @@
+"""`rigllm bench --mtp`: what MTP speculative decoding costs and gives on one card (issue 13).
+
+Measured, per draft count K, at one context depth:
+- device time of a plain decode step (one token through the whole model + arg-max), of a verify step
+  (K+1 tokens of one sequence through `ForwardPass.run_verify` + K+1 arg-maxes) and of one draft (one MTP
+  head row + LM head + arg-max), each captured as a graph and replayed (`time_graph_ms`), so launch
+  overhead stays out as it does in decoding. The issue's target is verify(K=1) <= 1.15 x decode at 512.
+- end to end: greedy decode tokens/s through `SlotDecoder.step` with and without the head (graph
+  replays, the host's share included), the round time, and the acceptance that run saw.
+
+Also timed: the host's share of a sampled round under the exact rule (engine.cuda.speculative brings
+the rows to the host), K+1 target and K draft distributions of the model's vocabulary with Qwen's
+recommended sampling (temperature 0.7, top-p 0.8, top-k 20), which decides whether sampled requests
+should speculate on this machine.
+
+Random weights accept almost nothing (contracts.md: quality needs trained models), so the result also
+carries a projection, labelled as such: tokens per round at the given per-draft acceptance a (1 + a for
+K=1, 1 + a + a^2 for K=2, drafts assumed independent) over the measured end-to-end round time (which
+includes a rollback copy each round, as a rejection does).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.cuda.bench import decode_speed
+from engine.cuda.driver import CudaCard
+from engine.cuda.microbench import time_graph_ms
+from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.weights import ModelWeights, MtpWeights
+from engine.generation.sampler import SamplingParams
+from engine.generation.slots import SlotRequest
+from engine.generation.speculative import DRAFT_TOKENS, SpeculationStats
+from engine.gguf.config import ModelConfig
+
+REPS = 16  # calls per timed graph
+
+
+def tokens_per_round(acceptance: float, k: int) -> float:
+    """Expected tokens a round emits when each draft is accepted with probability `acceptance`."""
+    return sum(acceptance**i for i in range(k + 1))
+
+
+def _at_depth(dec: SlotDecoder, depth: int) -> None:
+    """Slot 0 as if `depth` tokens had been prefilled (cache contents do not change the speed) and the head
+    owed its last row."""
+    dec.seqs[0].next_position = depth
+    if dec.speculator:
+        cache = dec.speculator.caches[0]
+        cache.reset()
+        cache.position, cache.owed_rows = depth - 1, 1
+
+
+def _device_times(dec: SlotDecoder, depth: int) -> dict[str, float]:
+    """Device ms of a decode step, a verify step and a draft on slot 0 at `depth` (graphs of REPS calls)."""
+    spec, fwd, seq, sampler, card = dec.speculator, dec.fwd, dec.seqs[0], dec.samplers[0], dec.card
+    assert spec is not None
+    k, cache, head = spec.k, spec.caches[0], spec.head
+    _at_depth(dec, depth)
+    seq.set_step(1)
+
+    def decode(_: int) -> None:
+        fwd.run_batch([seq])
+        sampler.argmax(fwd.logits_row(0))
+
+    decode_ms = time_graph_ms(card, REPS, decode)
+    seq.set_step(k + 1)
+
+    def verify(_: int) -> None:
+        fwd.run_verify(k + 1, seq, spec.rings[0], cache.owed)
+        for t in range(k + 1):
+            sampler.argmax(fwd.logits_row(t))
+
+    verify_ms = time_graph_ms(card, REPS, verify)
+    cache.set_steps(1)
+
+    def draft(_: int) -> None:
+        head.forward(1, cache.rows(0), cache.owed, head.ids, 0)
+        sampler.argmax(head.logits_row(0))
+
+    draft_ms = time_graph_ms(card, REPS, draft)
+    return {"decode_step_ms": decode_ms, "verify_step_ms": verify_ms, "draft_ms": draft_ms,
+            "verify_over_decode": verify_ms / decode_ms}
+
+
+def _speculative_speed(dec: SlotDecoder, depth: int, steps: int) -> dict[str, float]:
+    """Greedy speculative decoding of slot 0 from `depth` for `steps` rounds, through `step` as generation does."""
+    assert dec.speculator is not None
+    _at_depth(dec, depth)
+    dec.begin(0, SlotRequest(SamplingParams(temperature=0.0), ()))
+    feed = 1
+    for _ in range(2):  # eager, then captured: the rounds after replay a graph
+        feed = max(dec.step({0: feed})[0].tokens[-1], 0)
+    dec.speculator.stats = stats = SpeculationStats()
+    emitted = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run = dec.step({0: feed})[0].tokens
+        emitted += len(run)
+        feed = max(run[-1], 0)
+    elapsed = time.perf_counter() - t0
+    dec.reset_slot(0)
+    return {"tokens_per_s": emitted / elapsed, "round_ms": 1e3 * elapsed / steps,
+            "acceptance": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_verify}
+
+
+def host_rule_ms(vocab: int, k: int, reps: int = 3) -> float:
+    """Host milliseconds of the distributions one sampled round needs (2K+1 rows of `vocab` logits)."""
+    import numpy as np
+
+    from engine.generation.sampler import Sampler
+    from engine.generation.speculative_rule import dense_distribution
+
+    rng = np.random.default_rng(0)
+    rows = (3.0 * rng.standard_normal((2 * k + 1, vocab))).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=0.7, top_p=0.8, top_k=20))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        for row in rows:
+            dense_distribution(sampler, row, [])
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
+def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: MtpWeights, shape: str, depth: int,
+                  acceptance: float, steps: int = 64, chunk: int = 256) -> dict[str, Any]:
+    """The measurements of the module docstring for K = 1 and 2, and the projections at `acceptance`."""
+    capacity = depth + (max(DRAFT_TOKENS) + 1) * (steps + 4) + 8
+    plain = SlotDecoder(card, cfg, weights, capacity, 1, chunk)
+    plain_tps = decode_speed(plain, 1, depth, steps)
+    result: dict[str, Any] = {"mode": "mtp", "shape": shape, "depth": depth, "plain_decode_tokens_per_s": plain_tps,
+                              "draft_tokens": {}}
+    for k in DRAFT_TOKENS:
+        dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk, mtp=mtp, draft_tokens=k)
+        times = _device_times(dec, depth)
+        measured = _speculative_speed(dec, depth, steps)
+        per_round = tokens_per_round(acceptance, k)
+        result["draft_tokens"][k] = {
+            **times,
+            "measured": measured,
+            "host_rule_ms_per_sampled_round": host_rule_ms(cfg.vocab_size, k),
+            "projection": {
+                "label": "PROJECTION, not a measurement: tokens per round at the stated acceptance over the "
+                         "measured round time",
+                "acceptance": acceptance,
+                "tokens_per_round": per_round,
+                "tokens_per_s": per_round / (measured["round_ms"] * 1e-3),
+                "speedup_over_plain": per_round / (measured["round_ms"] * 1e-3) / plain_tps,
+            },
+        }
+    return result
+
+
+def fixture_acceptance(path: str, draft_tokens: int = 1, length: int = 256, samples: int = 10, seed: int = 0) -> dict[str, Any]:
+    """Greedy MTP acceptance of a trained fixture (tests/fixtures/trained) on the CUDA backend, decoding the
+    answers of `samples` arith prompts of `length` tokens (the task its head learned; the reference's
+    numbers in the fixture's README are measured the same way). Opens and closes its own card."""
+    import numpy as np
+
+    from engine.cuda.backend import CudaBackend
+    from engine.errors import RigllmError
+    from engine.fixtures.tasks import SampleBuilder
+    from engine.generation.slots import decode_tokens
+    from engine.generation.tokenizer import Tokenizer
+    from engine.gguf.loader import load_model
+
+    loaded = load_model(path)
+    tokenizer = Tokenizer.from_model_file(loaded.file)
+    backend = CudaBackend(loaded, context=length + 64, draft_tokens=draft_tokens)
+    try:
+        stats = backend.speculation_stats
+        if stats is None:
+            raise RigllmError(f"{path} has no MTP head")
+        builder = SampleBuilder(lambda text: tokenizer.encode(text, parse_special=False))
+        rng = np.random.default_rng([seed, sum(map(ord, "arith")), length])
+        for _ in range(samples):
+            sample = builder.sample("arith", rng, length)
+            backend.reset_slot(0)
+            backend.prefill_slot(0, sample.prompt_ids)
+            for _ in decode_tokens(backend, 0, SamplingParams(temperature=0.0), sample.prompt_ids,
+                                   len(sample.answer_ids), (), lambda: False):
+                pass
+        return {"fixture": path, "task": "arith", "length": length, "samples": samples, "draft_tokens": draft_tokens,
+                "acceptance": stats.acceptance_rate, "tokens_per_verify": stats.tokens_per_verify, "rounds": stats.rounds}
+    finally:
+        backend.close()
+
+
+def render_mtp(r: dict[str, Any]) -> str:
+    lines = [f"MTP on {r['shape']} at depth {r['depth']}: plain decode {r['plain_decode_tokens_per_s']:.1f} t/s"]
+    for k, d in r["draft_tokens"].items():
+        m, p = d["measured"], d["projection"]
+        lines.append(
+            f"K={k}: decode step {d['decode_step_ms']:.3f} ms, verify {d['verify_step_ms']:.3f} ms "
+            f"({d['verify_over_decode']:.2f}x), draft {d['draft_ms']:.3f} ms, host rule {d['host_rule_ms_per_sampled_round']:.1f} "
+            f"ms per sampled round; measured {m['tokens_per_s']:.1f} t/s "
+            f"(acceptance {m['acceptance']:.0%}, round {m['round_ms']:.2f} ms); PROJECTED at acceptance "
+            f"{p['acceptance']:.0%}: {p['tokens_per_s']:.1f} t/s ({p['speedup_over_plain']:.2f}x plain)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,218 @@
+"""MTP speculation on the CUDA backend, host side (no GPU): the greedy accept rule, the GDN rings' rollback
+copies, the speculator's bookkeeping (head positions, owed rows, rollback, leaving and rejoining
+speculation) through a `SlotDecoder` on the stand-in card, and the benchmark driver.
+
+No kernel runs here: the stand-in card leaves every device buffer as the host wrote it, so a test sets the
+picks a round "computed" and checks what the host does with them. tests/gpu/test_mtp_gpu.py checks the
+numbers on the H200."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_gdn_ring, gdn_mixer
+from engine.cuda.mtp_bench import run_mtp_bench, tokens_per_round
+from engine.cuda.sequence import GdnState
+from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.speculative import greedy_accept
+from engine.cuda.weights import has_mtp, upload_mtp_weights, upload_weights
+from engine.generation.sampler import SamplingParams
+from engine.generation.slots import SlotRequest
+from engine.gguf.loader import load_model
+from fake_card import FakeCard
+
+GREEDY = SamplingParams(temperature=0.0)
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return load_model(FIXTURE)
+
+
+def decoder(fixture, k: int, slots: int = 2, sampled: bool = True) -> tuple[FakeCard, SlotDecoder]:
+    card = FakeCard()
+    weights = upload_weights(card, fixture.file, fixture.config)
+    mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)
+    return card, SlotDecoder(card, fixture.config, weights, context=96, slots=slots, chunk=16, mtp=mtp, draft_tokens=k,
+                             speculate_sampled=sampled)
+
+
+@pytest.mark.parametrize("drafts, targets, emitted", [
+    ([5], [5, 9], [5, 9]),  # accepted, then the bonus
+    ([5], [4, 9], [4]),  # rejected: the target's token
+    ([5, 6], [5, 7, 8], [5, 7]),
+    ([5, 6], [5, 6, 8], [5, 6, 8]),
+    ([-1], [-1, 3], [-1]),  # a failed draft never matches; the failed target is reported
+])
+def test_greedy_accept_keeps_drafts_up_to_the_first_mismatch(drafts, targets, emitted):
+    assert greedy_accept(drafts, targets) == emitted
+
+
+def test_greedy_accept_needs_one_target_more_than_drafts():
+    with pytest.raises(ValueError):
+        greedy_accept([1, 2], [1, 2])
+
+
+def test_a_ring_commit_makes_that_token_state_current():
+    card = FakeCard()
+    state = GdnState(card.alloc(3 * 8 * 4, "conv"), card.alloc(2 * 4 * 4 * 4, "rec"))
+    ring = alloc_gdn_ring(card, state, 2, "ring")
+    ring.conv.upload(np.repeat(np.float32([1, 2]), 3 * 8))
+    ring.recurrent.upload(np.repeat(np.float32([10, 20]), 2 * 4 * 4))
+    ring.commit(state, 1)
+    assert (state.conv.download(np.float32, 24) == 2).all() and (state.recurrent.download(np.float32, 32) == 20).all()
+    with pytest.raises(ValueError):
+        ring.commit(state, 2)
+    ring.check(state, 3)
+    with pytest.raises(ValueError, match="at most 3 tokens"):
+        ring.check(state, 4)
+
+
+def test_a_ring_needs_the_recurrent_form():
+    card = FakeCard()
+    dims = GdnDims(2, 4, 32, 32)
+    state = GdnState(card.alloc(3 * dims.cc * 4, "conv"), card.alloc(4 * 32 * 32 * 4, "rec"))
+    ring = alloc_gdn_ring(card, state, 1, "ring")
+    big = card.alloc(4 * 2 * dims.cc, "big")
+    rows = Rows(big, dims.cc)
+    inputs = GdnInputs(rows, rows, rows, rows)
+    weights = type("W", (), {"conv_w": big, "ssm_a": big, "dt_bias": big, "ssm_norm": big})()
+    with pytest.raises(ValueError, match="recurrent form"):
+        gdn_mixer(card, dims, weights, state, inputs, big, big, big, 2, 1e-6, recurrent=False, ring=ring)
+    gdn_mixer(card, dims, weights, state, inputs, big, big, big, 2, 1e-6, ring=ring)
+    assert [name for name, *_ in card.launches] == ["gdn_conv_silu", "gdn_recurrent"]
+
+
+def test_the_fixture_carries_a_head(fixture):
+    assert has_mtp(fixture.file, fixture.config)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_prefill_feeds_the_head_every_complete_row(fixture, k):
+    _, dec = decoder(fixture, k)
+    spec = dec.speculator
+    dec.prefill_slot(0, list(range(40)))  # three chunks of 16
+    cache = spec.caches[0]
+    assert (cache.position, cache.owed_rows, cache.owed_tokens) == (39, 1, [])
+    dec.prefill_slot(0, [7, 8])  # a follow-up extends the same slot
+    assert (cache.position, cache.owed_rows, dec.seqs[0].next_position) == (41, 1, 42)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_greedy_rounds_accept_and_roll_back(fixture, k):
+    card, dec = decoder(fixture, k)
+    spec, seq = dec.speculator, dec.seqs[0]
+    cache, layer = spec.caches[0], next(iter(seq.gdn))
+    dec.prefill_slot(0, list(range(20)))
+    dec.begin(0, SlotRequest(GREEDY, list(range(20))))
+    accept_all = list(range(30, 30 + k)) + list(range(30, 31 + k))  # drafts equal the targets
+    spec.picks.upload(np.asarray(accept_all, np.int32))
+    pick = dec.step({0: 4})[0]
+    assert pick.tokens == tuple(range(30, 31 + k))
+    assert (seq.next_position, cache.position, cache.owed_rows, cache.owed_tokens) == (
+        20 + k + 1, 20, k + 1, list(range(30, 30 + k)))
+
+    spec.rings[0][layer].recurrent.upload(np.full(spec.rings[0][layer].recurrent.nbytes // 4, 7, np.float32))
+    reject_first = [50 + i for i in range(k)] + [60 + i for i in range(k + 1)]
+    spec.picks.upload(np.asarray(reject_first, np.int32))
+    pick = dec.step({0: pick.tokens[-1]})[0]
+    assert pick.tokens == (60,)
+    assert (seq.next_position, cache.position, cache.owed_rows, cache.owed_tokens) == (20 + k + 2, 20 + k + 1, 1, [])
+    assert (seq.gdn[layer].recurrent.download(np.float32, 8) == 7).all()  # ring slot 0 became the state
+    assert spec.stats.rounds == 2 and spec.stats.accepted == k and spec.stats.emitted == k + 2
+    dec.step({0: 60})  # the same owed-row count as the first round: its graph is captured, then replayed
+    dec.step({0: 60})
+    assert ("<replay>", None, None, 0) in card.launches
+
+
+def test_sampled_rounds_use_the_host_rule_and_count_the_picks(fixture):
+    card, dec = decoder(fixture, 1)
+    dec.prefill_slot(1, [3, 4, 5])
+    dec.begin(1, SlotRequest(SamplingParams(temperature=0.7, seed=3), [3, 4, 5]))
+    for _ in range(3):  # the stand-in's logits are all zero: p = q = uniform, every draft is accepted
+        assert len(dec.step({1: 9})[1].tokens) == 2
+    assert dec.seqs[1].next_position == 3 + 2 * 3
+    assert sum(name == "token_counts_add" for name, *_ in card.launches) == 3 + 1  # the prompt, then each round
+    dec.prefill_slot(0, [1])
+    dec.begin(0, SlotRequest(GREEDY, [1]))
+    dec.step({0: 2, 1: 8})  # a plain batched step: the host rule's history still sees the fed token
+    history = dec.speculator._requests[1].history
+    assert len(history) == 3 + 3 * 2 + 1 and history[-1] == 8  # prompt, (fed + accepted) per round, then 8
+
+
+def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture):
+    _, dec = decoder(fixture, 1)
+    spec = dec.speculator
+    for slot in (0, 1):
+        dec.prefill_slot(slot, [1, 2, 3])
+        dec.begin(slot, SlotRequest(GREEDY, [1, 2, 3]))
+    cache = spec.caches[0]
+    for _ in range(10):  # several slots: plain batched steps; each owes the head a row, the 8th flushes 8 rows
+        assert all(p.extra == () for p in dec.step({0: 5, 1: 6}).values())
+    assert (cache.position, cache.owed_rows, cache.owed_tokens) == (10, 3, [5, 5])
+    assert cache.position + cache.owed_rows == dec.seqs[0].next_position == 13
+    assert spec.speculating(0) and len(dec.step({0: 5})[0].tokens) == 2  # alone again: a round over 3 owed rows
+    assert cache.position == 13
+    dec.restore_slot(0, dec.snapshot_slot(1))  # the snapshot holds no head cache
+    assert not cache.in_step and dec.step({0: 5})[0].extra == ()
+    dec.reset_slot(0)
+    dec.prefill_slot(0, [1, 2, 3])
+    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3], speculative=False))
+    assert not spec.speculating(0) and dec.step({0: 5})[0].extra == ()
+    assert cache.in_step and cache.position + cache.owed_rows == dec.seqs[0].next_position
+
+
+def test_sampled_requests_speculate_only_when_asked(fixture):
+    _, dec = decoder(fixture, 1, sampled=False)
+    dec.prefill_slot(0, [1, 2, 3])
+    dec.begin(0, SlotRequest(SamplingParams(temperature=0.7, seed=1), [1, 2, 3]))
+    assert not dec.speculator.speculating(0) and dec.step({0: 4})[0].extra == ()
+    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3]))
+    assert dec.speculator.speculating(0)
+
+
+def test_no_round_past_the_context(fixture):
+    _, dec = decoder(fixture, 2)
+    dec.prefill_slot(0, list(range(94)))  # context 96: a verify of 3 rows no longer fits
+    dec.begin(0, SlotRequest(GREEDY, []))
+    assert dec.step({0: 5})[0].extra == () and dec.seqs[0].next_position == 95
+
+
+def test_bench_driver_runs_and_projects(fixture):
+    assert tokens_per_round(0.5, 1) == 1.5 and tokens_per_round(0.5, 2) == 1.75
+    card = FakeCard()
+    weights = upload_weights(card, fixture.file, fixture.config)
+    mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)
+    r = run_mtp_bench(card, fixture.config, weights, mtp, "fixture", 64, 0.8, steps=4, chunk=16)
+    assert set(r["draft_tokens"]) == {1, 2}
+    for k, d in r["draft_tokens"].items():
+        assert d["projection"]["tokens_per_round"] == pytest.approx(tokens_per_round(0.8, k))
+        assert "PROJECTION" in d["projection"]["label"] and d["measured"]["tokens_per_s"] > 0
+
+
+def test_the_plan_counts_the_verify_rings(fixture):
+    from engine.generation.memory_plan import CardProfile, plan
+    from engine.generation.model_footprint import footprint_of
+
+    card = CardProfile("card", 1 << 30)
+    fp = footprint_of(fixture)
+    plain, rings = (plan(fp, [card], 256, n_seqs=2, with_mtp=True, verify_states=k) for k in (0, 2))
+    assert rings.cards[0].state_bytes == 3 * plain.cards[0].state_bytes > 0
+
+
+def test_the_backend_loads_the_head_unless_told_not_to(fixture, monkeypatch):
+    import engine.cuda.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "CudaCard", lambda index=0, capacity_bytes=None: FakeCard(index, capacity_bytes))
+    gpu = backend_module.CudaBackend(fixture, context=64, chunk=16, draft_tokens=2)
+    assert gpu.plan.with_mtp and gpu.speculation_stats is not None
+    seq = gpu.new_sequence()
+    gpu.forward_last([1, 2, 3], seq)
+    tokens = list(gpu.decode_on_device(seq, GREEDY, [1, 2, 3], 7))
+    assert len(tokens) == 7 and gpu.speculation_stats.rounds == 2  # 1 + 3 + 3 tokens: the first pick, two rounds
+    plain = backend_module.CudaBackend(fixture, context=64, chunk=16, speculative=False)
+    assert not plain.plan.with_mtp and plain.speculation_stats is None

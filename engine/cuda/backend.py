@@ -24,6 +24,7 @@ from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.loader import LoadedModel
+from engine.sparse.profile import SparseProfile
 
 DEFAULT_CHUNK = 256
 
@@ -36,10 +37,11 @@ class CudaBackend:
 
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
-                 kv: str = "f16"):
+                 kv: str = "f16", sparse: SparseProfile | None = None):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
-        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats)."""
+        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
+        `sparse`: a calibrated sparse prefill profile (engine.sparse.profile.require_profile) or None (dense)."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
@@ -52,7 +54,7 @@ class CudaBackend:
             counter.report()
             self.weights = upload_weights(self.card, loaded.file, cfg, counter)
             counter.enter("allocating slots and warming up kernels")
-            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv)
+            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, sparse)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:

@@ -25,11 +25,13 @@ from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
+from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.weights import ModelWeights
 from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.generation.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
+from engine.sparse.profile import SparseProfile
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
 MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots and sampling modes seen)
@@ -60,12 +62,17 @@ class SlotDecoder:
     can_snapshot = True
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
-                 kv: KVFormat = F16_FORMAT):
+                 kv: KVFormat = F16_FORMAT, sparse: SparseProfile | None = None):
+        """`sparse`: a calibrated profile for long prefill chunks of this card's attention layers
+        (engine.cuda.sparse_prefill); None keeps every chunk dense."""
         if not 1 <= slots <= MAX_SLOTS:
             raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
         self.card, self.config, self.context = card, cfg, context
         self.slot_count, self.prefill_chunk = slots, chunk
         self.fwd = ForwardPass(card, cfg, weights, chunk, kv)
+        if sparse is not None and cfg.attention_layers:
+            layers = [i for i in cfg.attention_layers if i in weights.span]
+            self.fwd.sparse = SparsePrefill(card, sparse, self.fwd.dims, layers, chunk, context, kv)
         self.steps = card.alloc(8 * slots, "slot steps")  # [slot][pos, n_tokens]
         self._host_steps = card.pinned(2 * slots, np.int32)
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)

@@ -232,8 +232,7 @@ class ForwardPass:
             if n == 1:
                 attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)
             elif self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
-                self.sparse.attend(layer, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.next_position, n,
-                                   seq.capacity, splits)
+                self.sparse.attend(layer, self.q_out, cache, seq.step, self.parts, seq.next_position, n, splits)
             else:
                 attn_prefill_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, n, seq.capacity, splits)
         else:
@@ -246,6 +245,8 @@ class ForwardPass:
                 q = self.q_rot
             if n == 1:
                 kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables)
+            elif self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+                self.sparse.attend(layer, q, cache, seq.step, self.parts, seq.next_position, n, splits, self.kv_tables)
             else:
                 kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)
         attn_merge_gate(card, dims, self.parts, n, splits, qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),

@@ -14,10 +14,10 @@ prompts are not run whole. Method (stated in the JSON as `method`):
 Synthetic weights cannot be calibrated, so speed uses a fixed profile: every head of every attention
 layer A-shape, sink 1 block + window 32 blocks (64 + 2048 tokens), from `SPARSE_MIN_LENGTH` tokens on
 (qengine's winning pattern, anchor-qengine.md §2.6). Sparse and dense run on the same decoder (the same
-weights and cache), with the profile switched on and off; the sparse kernels read the fp16 cache only,
-so the sparse column is f16 while dense is also timed in the other formats asked for (k3v3: the 256K case).
+weights and cache), with the profile switched on and off, in every KV format asked for (f16 always;
+k3v3 is the 256K case; A-shape is what the quantised sparse kernel serves).
 
-Output error: after the sparse chunk at each depth, the last attention layer's attention output for that
+Output error (fp16 cache only): after the sparse chunk at each depth, the last attention layer's attention output for that
 chunk (its q, and its cache holding random fp16 K/V rows below the depth plus the chunk's own rows) is
 computed by the dense and by the sparse kernels, merged with a constant gate; `attention_rel_error` is
 ‖y_sparse − y_dense‖ / ‖y_dense‖. Random weights and random cache rows: the attention is diffuse, so this
@@ -125,8 +125,7 @@ def attention_error(dec: SlotDecoder, seq: DeviceSequence, layer: int, depth: in
     outs = []
     for sparse in (False, True):
         if sparse:
-            fwd.sparse.attend(layer, fwd.q_out, cache.k.codes, cache.v.codes, seq.step, fwd.parts, depth, n,
-                              seq.capacity, splits)
+            fwd.sparse.attend(layer, fwd.q_out, cache, seq.step, fwd.parts, depth, n, splits)
         else:
             attn_prefill_f16(card, dims, fwd.q_out, cache.k.codes, cache.v.codes, seq.step, fwd.parts, n,
                              seq.capacity, splits)
@@ -139,7 +138,7 @@ def attention_error(dec: SlotDecoder, seq: DeviceSequence, layer: int, depth: in
 
 def sparse_sweep(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: str, lengths: tuple[int, ...],
                  dense_formats: tuple[str, ...] = ("f16", "k3v3"), chunk: int = 256, reps: int = 2) -> dict[str, Any]:
-    """Chunk times at sampled depths and the prompt estimates, dense per format and sparse (f16)."""
+    """Chunk times at sampled depths and the prompt estimates, dense and sparse per KV format."""
     capacity = max(*lengths, CROSS_CHECK_LENGTH)
     depths = sample_depths(lengths, chunk)
     ids = np.random.default_rng(7).integers(0, cfg.vocab_size, chunk).astype(np.int32)
@@ -147,30 +146,31 @@ def sparse_sweep(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape:
     samples: dict[str, dict[int, float]] = {}
     errors: dict[int, float] = {}
     for fmt in dict.fromkeys(("f16", *dense_formats)):
-        with_sparse = fmt == "f16"
-        dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk, kv_format(fmt),
-                          fixed_profile(cfg) if with_sparse else None)
+        dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk, kv_format(fmt), fixed_profile(cfg))
         seq, profile_on = dec.seqs[0], dec.fwd.sparse
-        time_chunk(dec, seq, 0, ids, 1)  # loads every prefill kernel before anything is timed
+        time_chunk(dec, seq, 0, ids, 1)  # loads every dense prefill kernel before anything is timed
         dec.fwd.sparse = None
-        samples[f"dense {fmt}"] = {d: time_chunk(dec, seq, d, ids, reps) for d in depths}
-        if with_sparse:
+        dense = samples[f"dense {fmt}"] = {d: time_chunk(dec, seq, d, ids, reps) for d in depths}
+        dec.fwd.sparse = profile_on
+        time_chunk(dec, seq, first_sparse_depth(chunk), ids, 1)  # loads the sparse kernels, untimed
+        measure = fmt == "f16"  # the error is measured on the fp16 cache (random rows written directly)
+        if measure:
             fill_random_rows(card, seq, layer, capacity, seed=1)
-            dec.fwd.sparse = profile_on
-            time_chunk(dec, seq, first_sparse_depth(chunk), ids, 1)  # loads the sparse kernels, untimed
             width = cfg.n_head * cfg.head_dim
             y = card.alloc(F32 * chunk * width, "sparse bench y")
             gate = card.alloc(F32 * chunk * width, "sparse bench gate")
             gate.fill_zero()
-            sparse_ms = {}
-            for d in (d for d in depths if d >= first_sparse_depth(chunk)):
-                sparse_ms[d] = time_chunk(dec, seq, d, ids, reps)
+        sparse_ms = {}
+        for d in (d for d in depths if d >= first_sparse_depth(chunk)):
+            sparse_ms[d] = time_chunk(dec, seq, d, ids, reps)
+            if measure:
                 errors[d] = attention_error(dec, seq, layer, d, chunk, y, gate)
-            # below the minimum length the sparse path is the dense one
-            dense_part = {d: t for d, t in samples["dense f16"].items() if d not in sparse_ms}
-            samples["sparse f16"] = dict(sorted({**dense_part, **sparse_ms}.items()))
+        if measure:
             y.free()
             gate.free()
+        # below the minimum length the sparse path is the dense one
+        samples[f"sparse {fmt}"] = dict(sorted({**{d: t for d, t in dense.items() if d not in sparse_ms},
+                                                **sparse_ms}.items()))
         for buf in seq.buffers():
             buf.free()
         del dec, seq
@@ -186,10 +186,11 @@ def sparse_sweep(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape:
         "chunk": chunk, "reps": reps, "capacity": capacity, "sampled_depths": depths,
         "sparse_profile": {"pattern": SPARSE_PATTERN.label, "sink_tokens": SPARSE_PATTERN.sink * BLOCK,
                            "window_tokens": SPARSE_PATTERN.window * BLOCK, "min_length": SPARSE_MIN_LENGTH,
-                           "layers": "every attention layer, every head", "kv": "f16 (sparse kernels read fp16 only)"},
+                           "layers": "every attention layer, every head"},
         "chunk_ms": samples,
         "prefill_tokens_per_s": tps,
-        "sparse_speedup_vs_dense_f16": {n: tps["sparse f16"][n] / tps["dense f16"][n] for n in estimate_lengths},
+        "sparse_speedup_vs_dense": {f: {n: tps[f"sparse {f}"][n] / tps[f"dense {f}"][n] for n in estimate_lengths}
+                                    for f in dict.fromkeys(("f16", *dense_formats))},
         "attention_rel_error": {"layer": layer, "data": "random weights, random fp16 cache rows (not a quality "
                                 "number)", "by_depth": errors},
         "cross_check": cross,
@@ -200,12 +201,14 @@ def render_sparse_sweep(r: dict[str, Any]) -> str:
     """The short table printed after the JSON: estimated prefill tokens/s per prompt length."""
     names = list(r["prefill_tokens_per_s"])
     lengths = list(r["prefill_tokens_per_s"][names[0]])
-    lines = ["prompt   " + "   ".join(f"{n:>12}" for n in names) + "   sparse/dense"]
+    speedups = r["sparse_speedup_vs_dense"]
+    lines = ["prompt   " + "   ".join(f"{n:>12}" for n in names) + "   " +
+             "   ".join(f"{'x ' + f:>8}" for f in speedups)]
     for n in lengths:
         cells = "   ".join(f"{r['prefill_tokens_per_s'][name][n]:>12.0f}" for name in names)
-        lines.append(f"{n:>6}   {cells}   {r['sparse_speedup_vs_dense_f16'][n]:>12.2f}x")
+        lines.append(f"{n:>6}   {cells}   " + "   ".join(f"{s[n]:>8.2f}" for s in speedups.values()))
     errs = ", ".join(f"{d}: {e:.3f}" for d, e in r["attention_rel_error"]["by_depth"].items())
-    lines.append(f"sparse attention rel error by depth (random data): {errs}")
+    lines.append(f"sparse attention rel error by depth (f16 cache, random data): {errs}")
     for c in (c for c in r["cross_check"] if c["estimated_tokens_per_s"] is not None):
         lines.append(f"cross-check {c['shape']} {c['kv']} {c['tokens']}: whole prompt "
                      f"{c['measured_whole_prompt_tokens_per_s']:.0f} t/s measured, "

@@ -1,10 +1,12 @@
 """Sparse prefill wired into the CUDA forward pass, on a stand-in card (no GPU): which chunks and layers launch
-the sparse kernels, that decode and short or early chunks stay dense, and the refusals (quantised KV, a
-profile with other blocks or head counts). What the kernels compute is tests/gpu's job."""
+the sparse kernels (over the fp16 cache and over a quantised one), that decode and short or early chunks
+stay dense, and the refusals (kinds or head widths a quantised cache has no kernel for, a profile with
+other blocks or head counts). What the kernels compute is tests/gpu's job."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from engine.reference.sparse_attention import DENSE, Pattern
 from engine.sparse.profile import HeadChoice, SparseProfile
 from fake_card import FakeCard
 
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
 MIN_LENGTH = 150
 CHUNK = 64
 
@@ -90,12 +93,33 @@ def test_without_a_profile_nothing_sparse_is_allocated_or_launched(demo):
     assert not any(n.startswith("sparse_") for c in chunks for n in c)
 
 
+@pytest.fixture(scope="module")
+def fixture():
+    return load_model(FIXTURE)
+
+
 @pytest.mark.parametrize("kv", ["k8v3", "k3v3"])
-def test_quantised_kv_is_refused_with_the_way_out(demo, kv):
-    cfg = demo.config
-    profile = profile_for({cfg.attention_layers[0]: [Pattern("a_shape", sink=1, window=1)] * cfg.n_head})
-    with pytest.raises(RigllmError, match=f"fp16 KV cache only; KV format {kv}.*--kv f16"):
-        decoder(demo, profile, kv)
+def test_a_quantised_cache_runs_a_shape_heads_over_the_stored_codes(fixture, kv):
+    cfg = fixture.config
+    profile = profile_for({cfg.attention_layers[0]: [Pattern("a_shape", sink=1, window=1), DENSE] * (cfg.n_head // 2)})
+    card, dec = decoder(fixture, profile, kv)
+    chunks = launches_per_chunk(card, dec, list(range(200)))
+    sparse_name, dense_name = f"sparse_prefill_{kv}_d{cfg.head_dim}", f"kv_prefill_{kv}_d{cfg.head_dim}"
+    assert [c.count(sparse_name) for c in chunks] == [0, 0, 1, 1]
+    assert [c.count(dense_name) for c in chunks] == [1, 1, 0, 0]
+    assert [c.count("sparse_index_fill") for c in chunks] == [0, 0, 1, 1]
+    assert not any(n.startswith(("sparse_vs", "sparse_pool", "sparse_topk", "sparse_prefill_d")) for c in chunks for n in c)
+
+
+def test_quantised_caches_refuse_what_their_kernels_cannot_serve(demo, fixture):
+    cfg = fixture.config
+    scoring = profile_for({cfg.attention_layers[0]: [Pattern("vertical_slash", vertical=1, slash=1)] * cfg.n_head})
+    with pytest.raises(RigllmError, match="A-shape and dense heads only.*vertical_slash.*--kinds a_shape.*--kv f16"):
+        decoder(fixture, scoring, "k3v3")
+    decoder(fixture, scoring, "f16")  # every kind runs over the fp16 cache
+    a_shape = profile_for({demo.config.attention_layers[0]: [Pattern("a_shape", sink=1, window=1)] * demo.config.n_head})
+    with pytest.raises(RigllmError, match="head_dim \\(128, 256\\), not 64: use --kv f16"):
+        decoder(demo, a_shape, "k8v3")
 
 
 def test_profiles_the_kernels_cannot_run_are_refused(demo):

@@ -2,7 +2,7 @@
 
 - Demo model (random weights, head_dim 64, attention at layers 3 and 7): a 100% budget (every head's
   pattern sized past the prompt, in all four kinds, from the first chunk on) equals dense prefill bit for
-  bit, at the prompt's end and through 32 decode steps: the sparse kernel runs the dense kernel's
+  bit, at the prompt's end and through 8 decode steps: the sparse kernel runs the dense kernel's
   arithmetic per row over the same split ranges (SparsePrefill.attend), and every causal block is read.
 - Trained fixture, KV k3v3 and k8v3: a full-budget A-shape profile equals dense (kv_prefill) bit for bit.
 - Trained fixture (tests/fixtures/trained/fixture-q8_0.gguf, head_dim 128, one attention layer, the
@@ -10,7 +10,7 @@
   and k8v3 caches: A-shape and dense, what the quantised kernel serves; minimum length 128) against the
   reference backend's sparse prefill in the same KV format (kernel-rounding mode), fed in the same 64-token chunks
   (the vertical-slash estimate depends on the chunk), teacher-forced through the prompt's last logits and
-  32 dense decode steps. Tolerance: test_cuda_backend's measured noise floor (the reference against
+  8 dense decode steps. Tolerance: test_cuda_backend's measured noise floor (the reference against
   itself with perturbed embeddings, same chunks and profile) x FLOOR_FACTOR + FP32_AGREEMENT; measured on
   the CPU (fp16 cache): floor 7e-3 at the prompt's end, while the patterns move those logits by 5.2e-2 from
   dense (k3v3 / k8v3: floor 1.5e-2 / 1.7e-2, effect 0.15 / 0.22), so
@@ -41,7 +41,7 @@ from tests.gpu.test_cuda_backend import FLOOR_FACTOR, FP32_AGREEMENT, PERTURBATI
 
 CHUNK = 64
 PROMPT = 6 * CHUNK - 7  # six key blocks, the last one partial
-STEPS = 32
+STEPS = 8
 
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"

@@ -130,19 +130,6 @@ extern "C" __global__ void __launch_bounds__(kv::BLOCK) kv_rotate_q(const float*
     }
 }
 
-// Un-rotate n_blocks 128-blocks in shared memory in place: x = s * (H y / sqrt(128)), the reference's order.
-__device__ __forceinline__ void unrotate_shared(float* buf, int n_blocks, const float* sign, int tid, int nthreads) {
-    kv::fwht_shared(buf, n_blocks, tid, nthreads);
-    for (int idx = tid; idx < n_blocks * kv::BLOCK; idx += nthreads)
-        buf[idx] = (buf[idx] * kv::INV_SQRT_BLOCK) * sign[idx & (kv::BLOCK - 1)];
-    __syncthreads();
-}
-
-__device__ __forceinline__ void load_centroids(float* dst, int codec, const float* __restrict__ tables) {
-    if (kv::rotated(codec) && (int)threadIdx.x < kv::levels(codec))
-        dst[threadIdx.x] = tables[kv::table_centroids(codec) + threadIdx.x];
-}
-
 // ---------------------------------------------------------------------------------------------
 // Flash decode (T = 1), attention.cu's attn_decode over stored codes. Block = (KV head, split), 4 warps;
 // each warp takes KEYS key rows per step (all loaded, packed, before any is expanded), lane l holding

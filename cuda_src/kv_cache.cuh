@@ -155,3 +155,17 @@ __device__ __forceinline__ void fwht_shared(float* buf, int n_blocks, int tid, i
 }
 
 }  // namespace kv
+
+// Un-rotate n_blocks 128-blocks in shared memory in place: x = s * (H y / sqrt(128)), the reference's order.
+__device__ __forceinline__ void unrotate_shared(float* buf, int n_blocks, const float* sign, int tid, int nthreads) {
+    kv::fwht_shared(buf, n_blocks, tid, nthreads);
+    for (int idx = tid; idx < n_blocks * kv::BLOCK; idx += nthreads)
+        buf[idx] = (buf[idx] * kv::INV_SQRT_BLOCK) * sign[idx & (kv::BLOCK - 1)];
+    __syncthreads();
+}
+
+// The codec's codebook into shared memory (rotated codecs; INT8 has none), by the first threads.
+__device__ __forceinline__ void load_centroids(float* dst, int codec, const float* __restrict__ tables) {
+    if (kv::rotated(codec) && (int)threadIdx.x < kv::levels(codec))
+        dst[threadIdx.x] = tables[kv::table_centroids(codec) + threadIdx.x];
+}

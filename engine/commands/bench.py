@@ -23,6 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens per GEMM)")
     p.add_argument("--kv-sweep", metavar="FORMATS",
                    help="instead: prefill (--prompts) and decode (--depths) tokens/s per KV format, e.g. f16,k8v3,k3v3")
+    p.add_argument("--sparse-sweep", metavar="LENGTHS",
+                   help="instead: prefill tokens/s dense vs sparse (fixed A-shape profile) at these prompt lengths, "
+                        "e.g. 16384,65536,131072,262144, estimated from chunks timed at sampled depths; dense also "
+                        "in the --kv-sweep formats (default f16,k3v3); see engine/cuda/sparse_bench.py")
     p.add_argument("--pipeline", help="instead: multi-card runs with these card counts, e.g. 1,2,3,4 (with --synthetic)")
     p.add_argument("--devices", default="0", help="GPUs the pipeline's cards sit on, cycled (e.g. 0,1; default 0: "
                                                    "logical cards sharing GPU 0)")
@@ -156,6 +160,15 @@ def run(args: argparse.Namespace) -> int:
             loaded = load_model(args.model)
             cfg, shape = loaded.config, Path(args.model).name
             weights = upload_weights(card, loaded.file, cfg)
+        if args.sparse_sweep:
+            from engine.cuda.sparse_bench import render_sparse_sweep, sparse_sweep
+
+            formats = tuple(args.kv_sweep.split(",")) if args.kv_sweep else ("f16", "k3v3")
+            lengths = tuple(int(x) for x in args.sparse_sweep.split(","))
+            sweep = sparse_sweep(card, cfg, weights, shape, lengths, formats, chunk=args.chunk)
+            _emit(args, {"gpu": card.device_name, "shape": shape, **sweep})
+            print(render_sparse_sweep(sweep), file=sys.stderr)
+            return 0
         if args.kv_sweep:
             from engine.cuda.bench import kv_sweep, render_kv_sweep
 

@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tolerance", type=float, default=0.10, help="largest relative L2 error per head (default 0.10)")
     parser.add_argument("--block", type=int, default=64, help="block size in tokens (default 64)")
     parser.add_argument("--min-length", type=int, default=4096, help="prompts shorter than this stay dense (default 4096)")
+    parser.add_argument("--kinds", default="a_shape,vertical_slash,block_topk",
+                        help="pattern kinds to choose from, comma-separated (default: all three; dense is always "
+                             "kept). The GPU with a quantised KV cache serves a_shape only")
     parser.add_argument("--output", help="profile path (default: <model>.sparse.json beside the model)")
     parser.set_defaults(func=run)
 
@@ -48,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
         raise RigllmError("--tokens must cover at least two blocks (--block ≥ 1)")
     if args.tolerance < 0:
         raise RigllmError("--tolerance must be non-negative")
+    from engine.reference.sparse_attention import KINDS
+
+    kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
+    if not kinds or not kinds <= set(KINDS) - {"dense"}:
+        raise RigllmError(f"--kinds takes some of a_shape, vertical_slash, block_topk, not '{args.kinds}'")
     loaded = load_model(args.model)
     text = Path(args.prompt_file).read_text(encoding="utf-8") if args.prompt_file else "".join(DEMO_CORPUS)
     ids = Tokenizer.from_model_file(loaded.file).encode(text, parse_special=False)
@@ -55,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise RigllmError("the calibration text encodes to no tokens")
     tokens = (ids * (args.tokens // len(ids) + 1))[: args.tokens]
     model = ReferenceModel.from_model_file(loaded.file)
-    layers = calibrate(model, tokens, args.block, args.tolerance)
+    layers = calibrate(model, tokens, args.block, args.tolerance, kinds)
     profile = SparseProfile(model_identity(loaded.file), args.block, args.min_length, args.tolerance, len(tokens), layers)
     out = Path(args.output) if args.output else profile_path(Path(args.model))
     save_profile(profile, out)

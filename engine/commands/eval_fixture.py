@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sample seed (default 0; training used other samples)")
     parser.add_argument("--backend", choices=("reference", "cuda"), default="reference", help="default: reference")
     parser.add_argument("--sparse", action="store_true",
-                        help="prefill with the calibrated sparse attention profile beside the model (reference backend)")
+                        help="prefill with the calibrated sparse attention profile beside the model (either backend; "
+                             "the cuda backend needs a profile made with --block 64)")
     parser.add_argument("--kv-format", help="KV cache format, e.g. k8v3 (reference backend only for now; default f16, which the reference keeps exact)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
     parser.set_defaults(func=run)

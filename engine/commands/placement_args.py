@@ -1,5 +1,5 @@
-"""Command-line options that place a model on cards and pick its KV cache format, shared by the commands
-that open a backend (generate, serve, eval-fixture) so they read the same way everywhere."""
+"""Command-line options that place a model on cards and pick its KV cache format and sparse prefill, shared by
+the commands that open a backend (generate, serve, eval-fixture) so they read the same way everywhere."""
 
 from __future__ import annotations
 
@@ -20,13 +20,16 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                         "on one GPU); default: GPU 0 alone")
     p.add_argument("--card-gib", type=float, metavar="GIB",
                    help="cap each card's memory, e.g. 16 to plan and run like a CMP 100-210 on a bigger GPU")
+    p.add_argument("--sparse", action="store_true",
+                   help="prefill long prompts with the block-sparse attention profile beside the model (made by "
+                        "`rigllm calibrate-sparse MODEL --block 64`; fp16 KV only on the GPU); default: dense")
     p.add_argument("--split", metavar="LAYERS",
                    help="layers per card, e.g. 22,22,20 (default: the memory plan's split by free memory and "
                         "per-layer cost)")
 
 
 def placement_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`open_backend` keyword arguments (kv, cards, split) from the parsed options."""
+    """`open_backend` keyword arguments (kv, cards, split, sparse) from the parsed options."""
     from engine.cuda.pipeline import CardSpec
     from engine.generation.kv_formats import kv_format
 
@@ -49,4 +52,4 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
             raise RigllmError(f"--split takes layer counts separated by commas, not '{args.split}'") from None
         if cards is None or len(split) != len(cards):
             raise RigllmError("--split needs --cards with one GPU per count")
-    return {"kv": args.kv, "cards": cards, "split": split}
+    return {"kv": args.kv, "cards": cards, "split": split, "sparse": args.sparse}

@@ -30,6 +30,7 @@ from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_toke
 from engine.generation.speculative import SpeculationStats
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
+from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
 from engine.vision.encoder import ImageEncoder
 from engine.vision.multimodal_prompt import PromptSegment
@@ -47,7 +48,7 @@ class CudaBackend:
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
                  kv: str = "f16", mmproj: LoadedMmproj | None = None, speculative: bool = True,
-                 draft_tokens: int = 1, speculate_sampled: bool = False):
+                 draft_tokens: int = 1, speculate_sampled: bool = False, sparse: SparseProfile | None = None):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
         `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
@@ -55,7 +56,8 @@ class CudaBackend:
         loaded onto this card and counted in its memory plan.
         `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for
         plain-greedy requests, and for sampled ones too with `speculate_sampled` (the exact rule runs on the
-        host, which costs more than it saves at a real vocabulary: engine.cuda.speculative)."""
+        host, which costs more than it saves at a real vocabulary: engine.cuda.speculative).
+        `sparse`: a calibrated sparse prefill profile (engine.sparse.profile.require_profile) or None (dense)."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.chunk = self.prefill_chunk = chunk
@@ -75,8 +77,8 @@ class CudaBackend:
                 self.images = ImageEncoder(mmproj, self.card)
             mtp = upload_mtp_weights(self.card, loaded.file, cfg, self.weights) if self.with_mtp else None
             counter.enter("allocating slots and warming up kernels")
-            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp, draft_tokens,
-                                     speculate_sampled)
+            self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp=mtp,
+                                     draft_tokens=draft_tokens, speculate_sampled=speculate_sampled, sparse=sparse)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:

@@ -47,6 +47,7 @@ from engine.cuda.gemm import gemm_q8
 from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8, quantize_q8_1
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
+from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
 from engine.generation.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
@@ -68,6 +69,7 @@ class ForwardPass:
         """`kv`: the sequences' cache format; a quantised one stages each batch's K/V rows in fp16 and encodes
         them into the cache, and (for rotated keys) rotates q once so attention scores in the rotated domain."""
         self.card, self.cfg, self.w, self.max_tokens, self.kv = card, cfg, weights, max_tokens, kv
+        self.sparse: SparsePrefill | None = None  # set by the owner when a sparse profile is loaded
         c = cfg
         self.ids = card.alloc(4 * max_tokens, "ids")
         self.positions = card.alloc(4 * 3 * max_tokens, "rope positions")  # [T][3] (t, h, w) of a batch, when given
@@ -259,13 +261,17 @@ class ForwardPass:
         xo = self.q8[c.q_dim]
         for (row, tokens, seq), pos in zip(self._row_groups(n, seqs), positions, strict=True):
             self._attend(seq, seq.kv[i], w, _rows(qg, 2 * c.q_dim, row, tokens), _rows(k, c.kv_dim, row, tokens),
-                         _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens, pos)
+                         _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens, pos,
+                         layer=None if self._anywhere else i)  # a graph-captured verify never goes sparse
         self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
 
     def _attend(self, seq: DeviceSequence, cache: KVLayerCache, w: AttentionWeights, qg: DeviceBuffer,
-                k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int, positions: DeviceBuffer | None) -> None:
+                k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int, positions: DeviceBuffer | None,
+                layer: int | None = None) -> None:
         """Gated attention of one sequence's n tokens: prep (norms, RoPE at `positions` or the text positions,
-        KV append), flash attention over its cache, merge with the sigmoid gate into Q8_1 rows `xo`."""
+        KV append), flash attention over its cache, merge with the sigmoid gate into Q8_1 rows `xo`. `layer`
+        picks the sparse profile's patterns for a prefill chunk (`self.sparse`, whose grids are sized on the
+        host, so never inside a captured graph); None (or no profile) is dense."""
         c, card, dims = self.cfg, self.card, self.dims
         quantised = self.kv != F16_FORMAT
         k_dst, v_dst = (self.stage_k, self.stage_v) if quantised else (cache.k.codes, cache.v.codes)
@@ -277,6 +283,8 @@ class ForwardPass:
         if not quantised:
             if n == 1:
                 attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)
+            elif self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+                self.sparse.attend(layer, self.q_out, cache, seq.step, self.parts, seq.next_position, n, splits)
             else:
                 attn_prefill_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, n, seq.capacity, splits)
         else:
@@ -289,6 +297,8 @@ class ForwardPass:
                 q = self.q_rot
             if n == 1:
                 kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables)
+            elif self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+                self.sparse.attend(layer, q, cache, seq.step, self.parts, seq.next_position, n, splits, self.kv_tables)
             else:
                 kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)
         attn_merge_gate(card, dims, self.parts, n, splits, qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),

@@ -43,6 +43,7 @@ from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_toke
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
+from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
 from engine.vision.encoder import ImageEncoder
 from engine.vision.multimodal_prompt import PromptSegment
@@ -91,8 +92,8 @@ class _Stage:
         return CardProfile(self.card.name, total, other_used_bytes=other)
 
     def load(self, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int, last: bool,
-             kv: KVFormat) -> None:
-        self.decoder = SlotDecoder(self.card, cfg, weights, context, slots, chunk, kv)
+             kv: KVFormat, sparse: SparseProfile | None = None) -> None:
+        self.decoder = SlotDecoder(self.card, cfg, weights, context, slots, chunk, kv, sparse=sparse)
         if not last:  # two bridge buffers: chunk c+1 is copied out while the next card still reads chunk c
             self.out = [self.card.pinned((chunk, cfg.d_model), np.float32, portable=True) for _ in range(2)]
 
@@ -148,12 +149,13 @@ class PipelineBackend:
                  progress: ProgressCallback | None = None, bridge: BridgeModel | None = None,
                  config: ModelConfig | None = None, weights_for: WeightsFor | None = None, kv: str = "f16",
                  card_factory: Callable[..., CudaCard] = CudaCard, thread_factory: Callable[..., Any] | None = None,
-                 mmproj: LoadedMmproj | None = None):
+                 mmproj: LoadedMmproj | None = None, sparse: SparseProfile | None = None):
         """`split`: layers per card (default: the memory plan's split by free memory and per-layer cost).
         `mmproj`: a vision tower paired with the model, loaded onto the first card.
         `config` + `weights_for` replace `loaded` for synthetic benchmarks (weights made on each card);
         `card_factory` makes each card's context (tests on machines without a GPU pass a stand-in);
-        `thread_factory(target, name)` makes each card's thread (see `CardThread`)."""
+        `thread_factory(target, name)` makes each card's thread (see `CardThread`); `sparse`: a sparse
+        prefill profile, each card applying it to its own attention layers."""
         if not cards:
             raise RigllmError("a pipeline needs at least one card")
         cfg = loaded.config if loaded is not None else config
@@ -161,7 +163,7 @@ class PipelineBackend:
         self.config = cfg
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.slot_count, self.prefill_chunk, self.bridge = slots, chunk, bridge
-        self.kv = kv_format(kv)
+        self.kv, self.sparse = kv_format(kv), sparse
         self.images: ImageEncoder | None = None
         self.threads = [CardThread(f"rigllm-card{i}", thread_factory) for i in range(len(cards))]
         self.stages: list[_Stage] = []
@@ -199,7 +201,7 @@ class PipelineBackend:
         weights = (upload_weights(st.card, loaded.file, cfg, counter, span) if loaded is not None
                    else weights_for(st.card, span, counter))  # type: ignore[misc]
         counter.enter("allocating slots and warming up kernels")
-        st.load(cfg, weights, self.context, self.slot_count, self.prefill_chunk, last, self.kv)
+        st.load(cfg, weights, self.context, self.slot_count, self.prefill_chunk, last, self.kv, self.sparse)
         counter.enter("ready")
 
     # ---- hops --------------------------------------------------------------------------------------

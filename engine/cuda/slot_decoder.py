@@ -36,6 +36,7 @@ from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
+from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
@@ -44,6 +45,7 @@ from engine.generation.kv_formats import KVFormat
 from engine.generation.speculative import SpeculationStats
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import text_positions
+from engine.sparse.profile import SparseProfile
 from engine.vision.multimodal_prompt import PromptSegment
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
@@ -77,14 +79,19 @@ class SlotDecoder:
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
                  kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1,
-                 speculate_sampled: bool = False):
+                 speculate_sampled: bool = False, sparse: SparseProfile | None = None):
         """`mtp`: the MTP head's weights on this card (which must run the whole model) to speculate with,
-        drafting `draft_tokens` per verify; `speculate_sampled`: sampled requests too (engine.cuda.speculative)."""
+        drafting `draft_tokens` per verify; `speculate_sampled`: sampled requests too (engine.cuda.speculative).
+        `sparse`: a calibrated profile for long prefill chunks of this card's attention layers
+        (engine.cuda.sparse_prefill); None keeps every chunk dense."""
         if not 1 <= slots <= MAX_SLOTS:
             raise RigllmError(f"the CUDA backend holds 1 to {MAX_SLOTS} slots, not {slots}")
         self.card, self.config, self.context = card, cfg, context
         self.slot_count, self.prefill_chunk = slots, chunk
         self.fwd = ForwardPass(card, cfg, weights, chunk, kv)
+        if sparse is not None and cfg.attention_layers:
+            layers = [i for i in cfg.attention_layers if i in weights.span]
+            self.fwd.sparse = SparsePrefill(card, sparse, self.fwd.dims, layers, chunk, context, kv)
         # [slot][pos, n_tokens], then [slot][t, h, w]: each slot's step and decode rope position, one upload
         self.steps = card.alloc(4 * 5 * slots, "slot steps")
         self._host_steps = card.pinned(5 * slots, np.int32)

@@ -1,8 +1,9 @@
 """Host launches of the block-sparse prefill (cuda_src/sparse_attention.cu), one function per step.
 
 `build_index` issues the index kernels for one layer's chunk (only the passes the layer's patterns
-need), `sparse_prefill_f16` the flash kernel; `attention_kernels.attn_merge_gate` then merges the
-partials as for dense prefill. Blocks are fixed at 64 tokens (`BLOCK`, the kernels' SP_BLOCK and the
+need), `sparse_prefill_f16` the flash kernel over the fp16 cache and `sparse_prefill_kv` the one over a
+quantised cache (cuda_src/sparse_kv.cu: dense and A-shape heads, whose index reads no keys);
+`attention_kernels.attn_merge_gate` then merges the partials as for dense prefill. Blocks are fixed at 64 tokens (`BLOCK`, the kernels' SP_BLOCK and the
 dense kernels' split alignment), so profiles for the GPU must be calibrated with `--block 64`.
 The position in `step` must equal the `pos` given here: grids and index strides are sized on the host
 from it, the kernels read it from `step` like every other attention kernel.
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.cuda.attention_kernels import HEAD_DIMS, AttnDims, Partials
+from engine.cuda.attention_kernels import HEAD_DIMS, AttnDims, Partials, kernel_format
 from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.kv_cache import KVLayerCache
 from engine.errors import RigllmError
 from engine.reference.sparse_attention import KINDS, Pattern
 
@@ -26,6 +28,8 @@ MAX_KEY_BLOCKS = 4096  # SP_MAX_KB: a selection ranks at most this many key bloc
 LAST_QUERIES = 64  # the vertical-slash estimate's queries (SP_BLOCK)
 KIND_CODE = {kind: code for code, kind in enumerate(KINDS)}  # the kernels' SP_DENSE.. order
 F32 = 4
+KV_HEAD_DIMS = (128, 256)  # sparse_kv.cu's head widths (the Qwen3.5/3.6 sizes and the trained fixtures)
+KEYLESS_KINDS = frozenset({"dense", "a_shape"})  # kinds whose index reads no keys: all a quantised cache serves
 
 
 def pattern_table(patterns: Sequence[Pattern]) -> np.ndarray:
@@ -146,4 +150,21 @@ def sparse_prefill_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache:
         qb_grid * dims.n_head * n_splits, THREADS, q, k_cache, v_cache, step, index, *parts.args(),
         np.int32(geo.n_tokens), np.int32(dims.n_head), np.int32(dims.n_head_kv), np.int32(capacity),
         np.int32(n_splits), np.int32(geo.words), np.int32(qb_grid), dims.scale,
+    )
+
+
+def sparse_prefill_kv(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
+                      index: DeviceBuffer, parts: Partials, geo: SparseGeometry, n_splits: int,
+                      tables: DeviceBuffer) -> None:
+    """`sparse_prefill_f16` over a quantised cache: q in the K codec's domain (rotate_q's output for rotated
+    keys, as kv_prefill takes it), the stored codes read directly, partials for attn_merge_gate."""
+    if dims.head_dim not in KV_HEAD_DIMS:
+        raise RigllmError(f"no sparse kernel over a quantised KV cache for head_dim {dims.head_dim} "
+                          f"(built: {KV_HEAD_DIMS})")
+    _check(dims, geo)
+    qb_grid = geo.n_tokens // BLOCK + 2
+    card.kernel(f"sparse_prefill_{kernel_format(cache.format)}_d{dims.head_dim}").launch(
+        qb_grid * dims.n_head * n_splits, THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
+        step, index, *parts.args(), np.int32(geo.n_tokens), np.int32(dims.n_head), np.int32(dims.n_head_kv),
+        np.int32(cache.capacity), np.int32(n_splits), np.int32(geo.words), np.int32(qb_grid), dims.scale, tables,
     )

@@ -115,6 +115,7 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     backend allocates a KV cache and GDN state for each; the reference makes them on demand).
     `cards`: `engine.cuda.pipeline.CardSpec`s to spread the layers over (default: GPU 0 alone); `split`:
     layers per card (default: the memory plan's split). `kv`: the KV cache format (f16, k8v3, ...).
+    `sparse`: prefill long chunks with the calibrated sparse profile beside the model (both backends).
     `thread_factory(target, name)` makes each card's thread on several cards (the app passes QThreads).
     `mmproj`: the model's vision tower, loaded onto the (first) card by the CUDA backend, which then
     encodes and prefills images itself; the reference runs its numpy tower elsewhere and ignores it.
@@ -127,8 +128,6 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         name = "reference" if gpu_unavailable_reason() else "cuda"
     if name == "reference":
         return ReferenceBackend(loaded, progress, kv, sparse)
-    if sparse:
-        raise RigllmError("sparse prefill runs on the reference backend only for now (its GPU kernels are not wired)")
     if name == "cuda":
         from engine.cuda.backend import CudaBackend
         from engine.cuda.driver import gpu_unavailable_reason
@@ -136,13 +135,16 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         reason = gpu_unavailable_reason()
         if reason:
             raise RigllmError(f"the CUDA backend cannot run here: {reason}")
+        from engine.sparse.profile import require_profile
+
+        profile = require_profile(loaded.file) if sparse else None
         if cards is not None and (len(cards) > 1 or split is not None):
             from engine.cuda.pipeline import PipelineBackend
 
             return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv,
-                                   thread_factory=thread_factory, mmproj=mmproj)
+                                   thread_factory=thread_factory, mmproj=mmproj, sparse=profile)
         spec = cards[0] if cards else None
         return CudaBackend(loaded, context=context, slots=slots, progress=progress, kv=kv,
                            card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None,
-                           mmproj=mmproj, speculative=speculative, draft_tokens=draft_tokens)
+                           mmproj=mmproj, speculative=speculative, draft_tokens=draft_tokens, sparse=profile)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

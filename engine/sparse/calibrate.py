@@ -11,14 +11,14 @@ density 1) always qualifies and wins ties, so tolerance 0 gives an all-dense pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.reference.attention import AttentionWeights, attend_stored, attention_masks
 from engine.reference.model import ReferenceModel
-from engine.reference.sparse_attention import DENSE, Pattern, density, head_masks
+from engine.reference.sparse_attention import DENSE, KINDS, Pattern, density, head_masks
 from engine.reference.state import KVCache
 from engine.sparse.profile import HeadChoice
 from engine.sparse.reference_hook import indices_for, layer_of_weights
@@ -27,14 +27,15 @@ from engine.sparse.reference_hook import indices_for, layer_of_weights
 PatternSets = Callable[[int, int], list[list[Pattern]]]
 
 
-def candidate_patterns(n_blocks: int) -> list[Pattern]:
-    """Dense plus A-shape, vertical-slash and block top-k at power-of-two budgets below n_blocks."""
+def candidate_patterns(n_blocks: int, kinds: Collection[str] = KINDS) -> list[Pattern]:
+    """Dense plus A-shape, vertical-slash and block top-k at power-of-two budgets below n_blocks, of the
+    given kinds only (dense always: it is every head's fallback)."""
     sizes = [1 << i for i in range(n_blocks.bit_length()) if (1 << i) < n_blocks]
     out = [DENSE]
     out += [Pattern("a_shape", sink=1, window=w) for w in sizes]
     out += [Pattern("vertical_slash", vertical=n, slash=n) for n in sizes if n >= 2]
     out += [Pattern("block_topk", topk=k) for k in sizes]
-    return out
+    return [p for p in out if p == DENSE or p.kind in kinds]
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,10 @@ def choose(m: LayerMeasurement, tolerance: float) -> list[HeadChoice]:
     return out
 
 
-def calibrate(model: ReferenceModel, tokens: Sequence[int], block: int, tolerance: float) -> dict[int, list[HeadChoice]]:
-    """The chosen pattern of every head of every attention layer for one calibration prompt."""
-    candidates = candidate_patterns((len(tokens) - 1) // block + 1)
+def calibrate(model: ReferenceModel, tokens: Sequence[int], block: int, tolerance: float,
+              kinds: Collection[str] = KINDS) -> dict[int, list[HeadChoice]]:
+    """The chosen pattern of every head of every attention layer for one calibration prompt, among `kinds`
+    (e.g. only A-shape for a GPU with a quantised KV cache, whose sparse kernel serves no other kind)."""
+    candidates = candidate_patterns((len(tokens) - 1) // block + 1, kinds)
     found = measure(model, tokens, block, lambda _layer, heads: [[c] * heads for c in candidates])
     return {layer: choose(m, tolerance) for layer, m in found.items()}

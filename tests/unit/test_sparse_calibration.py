@@ -70,6 +70,13 @@ def test_a_looser_tolerance_never_costs_more(fixture_model):
     assert cost[2] < cost[0]
 
 
+def test_kinds_restrict_the_choice_to_a_shape(fixture_model):
+    """What the GPU with a quantised KV cache needs (its sparse kernel serves A-shape and dense heads)."""
+    model, tokens, _ = fixture_model
+    heads = calibrate(model, tokens, BLOCK, 10.0, kinds={"a_shape"})[3]
+    assert all(c.pattern.kind == "a_shape" for c in heads)  # at tolerance 10 every head goes sparse
+
+
 def profile_of(identity: str, patterns: list[Pattern], min_length: int) -> SparseProfile:
     return SparseProfile(identity, BLOCK, min_length, 0.3, N_TOKENS, {3: [HeadChoice(p, 0.0, 1.0) for p in patterns]})
 

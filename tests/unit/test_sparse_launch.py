@@ -122,3 +122,36 @@ def test_pattern_table_and_geometry():
     assert (geo.qb0, geo.n_qb, geo.n_kb, geo.words) == (1, 6, 7, 1)
     with pytest.raises(RigllmError, match="at most"):
         alloc_scratch(FakeCard(), AttnDims(4, 1, 64), 256, 4097 * BLOCK)
+
+
+def kv_signatures() -> dict[str, list[str]]:
+    """sparse_kv.cu's entry points (SPARSE_KV_ENTRY expanded per format and Dh), as `signatures`."""
+    text = SOURCE.with_name("sparse_kv.cu").read_text()
+    macro = re.search(r"#define SPARSE_KV_ENTRY\(FMT, KC, VC, DH\)(.*?)\n\n", text, re.DOTALL).group(1)
+    params = _ENTRY.search(macro.replace("\\\n", "\n").replace("##FMT##_d##DH", "")).group(2)
+    kinds = ["ptr" if "*" in p else "float" if p.strip().startswith("float") else "int" for p in params.split(",")]
+    formats = re.findall(r"^SPARSE_KV_FORMAT\((\w+),", text, re.MULTILINE)
+    widths = re.findall(r"SPARSE_KV_ENTRY\(FMT, KC, VC, (\d+)\)", text)
+    return {f"sparse_prefill_{f}_d{d}": kinds for f in formats for d in widths}
+
+
+@pytest.mark.parametrize("fmt", ["k8v8", "k8v4", "k8v3", "k4v4", "k3v3"])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_the_quantised_cache_launch_matches_its_kernel_signature(fmt, head_dim):
+    from engine.cuda.kv_cache import alloc_kv_layer
+    from engine.cuda.sparse_attention import sparse_prefill_kv
+    from engine.generation.kv_formats import kv_format
+
+    sigs = kv_signatures()
+    card = RecordingCard()
+    dims = AttnDims(8, 2, head_dim)
+    geo = SparseGeometry(pos=100, n_tokens=300)
+    cache = alloc_kv_layer(card, kv_format(fmt), dims.n_head_kv, head_dim, 1024, "kv")
+    parts = alloc_partials(card, geo.n_tokens * dims.n_head, 2, head_dim)
+    sparse_prefill_kv(card, dims, card.alloc(4, "q"), cache, card.alloc(8, "step"), card.alloc(4, "index"), parts,
+                      geo, 2, card.alloc(4, "tables"))
+    (name, args), = card.calls
+    assert name == f"sparse_prefill_{fmt}_d{head_dim}" and [kind_of(a) for a in args] == sigs[name]
+    with pytest.raises(RigllmError, match="head_dim 64"):
+        sparse_prefill_kv(card, AttnDims(8, 2, 64), card.alloc(4, "q"), cache, card.alloc(8, "step"),
+                          card.alloc(4, "index"), parts, geo, 2, card.alloc(4, "tables"))

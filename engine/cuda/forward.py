@@ -283,7 +283,7 @@ class ForwardPass:
         if not quantised:
             if n == 1:
                 attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)
-            elif self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+            elif layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
                 self.sparse.attend(layer, self.q_out, cache, seq.step, self.parts, seq.next_position, n, splits)
             else:
                 attn_prefill_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, n, seq.capacity, splits)
@@ -297,7 +297,7 @@ class ForwardPass:
                 q = self.q_rot
             if n == 1:
                 kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables)
-            elif self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+            elif layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
                 self.sparse.attend(layer, q, cache, seq.step, self.parts, seq.next_position, n, splits, self.kv_tables)
             else:
                 kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)

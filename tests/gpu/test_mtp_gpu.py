@@ -264,10 +264,37 @@ def test_plain_batched_steps_keep_the_head_in_step(models):
         gpu.close()
 
 
+def reference_acceptance(k: int, length: int = 256, samples: int = 10) -> float:
+    """Greedy MTP acceptance of the reference backend (HostSlots + MtpSpeculator) on the answers that
+    `fixture_acceptance` decodes (same samples, same K)."""
+    from engine.fixtures.tasks import SampleBuilder
+    from engine.generation.backend import open_backend
+    from engine.generation.slots import HostSlots, decode_tokens
+    from engine.generation.tokenizer import Tokenizer
+
+    loaded = load_model(FIXTURE)
+    tokenizer = Tokenizer.from_model_file(loaded.file)
+    slots = HostSlots(open_backend("reference", loaded, context=length + 64), 1, speculative=True, draft_tokens=k)
+    builder = SampleBuilder(lambda text: tokenizer.encode(text, parse_special=False))
+    rng = np.random.default_rng([0, sum(map(ord, "arith")), length])
+    for _ in range(samples):
+        sample = builder.sample("arith", rng, length)
+        slots.reset_slot(0)
+        slots.prefill_slot(0, sample.prompt_ids)
+        for _ in decode_tokens(slots, 0, SamplingParams(temperature=0.0), sample.prompt_ids, len(sample.answer_ids),
+                               (), lambda: False):
+            pass
+    return slots.speculator.stats.acceptance_rate
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_the_trained_fixture_head_is_accepted_on_the_card(k):
-    """The reference measured 0.83 greedy acceptance on 10 arith answers at 256 tokens (K=1, fixture README)."""
+    """The card accepts the fixture's drafts about as often as the reference does on the same answers (a
+    draft is compared with the trunk's greedy token, so a rounding flip can move a few; on the session-3
+    fixture both gave 0.733 for K=1 and 0.467 for K=2)."""
     result = fixture_acceptance(str(FIXTURE), draft_tokens=k, length=256, samples=10)
     print(f"fixture on the card, K={k}: acceptance {result['acceptance']:.3f}, "
           f"{result['tokens_per_verify']:.2f} tokens per verify over {result['rounds']} rounds")
-    assert result["acceptance"] > 0.5
+    want = reference_acceptance(k)
+    print(f"reference, K={k}: acceptance {want:.3f}")
+    assert result["acceptance"] >= want - 0.1

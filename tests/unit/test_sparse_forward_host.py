@@ -135,3 +135,23 @@ def test_generate_and_serve_take_the_sparse_switch():
     add_placement_args(p)
     assert placement_options(p.parse_args([]))["sparse"] is False
     assert placement_options(p.parse_args(["--sparse"]))["sparse"] is True
+
+
+def test_a_model_with_an_mtp_head_prefills_sparse_while_the_head_stays_dense():
+    """The MTP head's block runs through the same attention code with no layer index (its rows carry no
+    sequence position); it must stay dense while the trunk's long chunks go sparse (an H200 run crashed here)."""
+    from engine.cuda.weights import upload_mtp_weights
+
+    fixture = load_model(FIXTURE)
+    cfg = fixture.config
+    card = FakeCard()
+    weights = upload_weights(card, fixture.file, cfg)
+    mtp = upload_mtp_weights(card, fixture.file, cfg, weights)
+    profile = profile_for({i: [Pattern("a_shape", sink=1, window=2)] * cfg.n_head for i in cfg.attention_layers})
+    dec = SlotDecoder(card, cfg, weights, context=512, slots=1, chunk=CHUNK, mtp=mtp, sparse=profile)
+    ids = list(range(3 * CHUNK))
+    card.launches.clear()
+    dec.prefill_slot(0, ids)  # the trunk's chunks, each followed by the head's rows
+    assert any(name.startswith("sparse_prefill") for name, *_ in card.launches)
+    cache = dec.speculator.caches[0]
+    assert cache.position + cache.owed_rows == len(ids)  # the head ran over every complete row

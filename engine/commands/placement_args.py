@@ -22,7 +22,7 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
                    help="cap each card's memory, e.g. 16 to plan and run like a CMP 100-210 on a bigger GPU")
     p.add_argument("--sparse", action="store_true",
                    help="prefill long prompts with the block-sparse attention profile beside the model (made by "
-                        "`rigllm calibrate-sparse MODEL --block 64`; fp16 KV only on the GPU); default: dense")
+                        "`rigllm calibrate-sparse MODEL --block 64`; with a quantised KV cache the GPU takes A-shape and dense heads only: calibrate with --kinds a_shape); default: dense")
     p.add_argument("--split", metavar="LAYERS",
                    help="layers per card, e.g. 22,22,20 (default: the memory plan's split by free memory and "
                         "per-layer cost)")

@@ -144,24 +144,28 @@ RIGLLM_GEMV_Q8(6, 4, 1, 4)
 RIGLLM_GEMV_Q8(7, 4, 1, 4)
 RIGLLM_GEMV_Q8(8, 4, 1, 4)
 
-// Decode (T = 1) alternatives, timed against gemv_q8_t1 by engine.cuda.microbench.gemv_sweep; gemv.py's
-// GEMV_T1_VARIANTS mirrors (name, R, THREADS) and DECODE_GEMV names the one decode launches. Small decode
-// matrices (4096 rows) fill the card only when warps are many and each finishes in few load rounds, so the grid
-// trades rows per warp (fewer rows: more warps) against loads in flight per lane (more: fewer rounds, more
+// Alternatives for T = 1 (decode) and T = 2 (a one-draft speculative verify, two-slot steps), timed against
+// gemv_q8_t<T> by engine.cuda.microbench.gemv_sweep; gemv.py's GEMV_VARIANTS mirrors (name, R, THREADS) and
+// DEFAULT_GEMV names the one each T launches. Small decode matrices (4096 rows) fill the card only when warps
+// are many and each finishes in few load rounds, so the grid trades rows per warp (fewer rows: more warps) against loads in flight per lane (more: fewer rounds, more
 // registers, fewer resident warps). The _w2 variants use 64-thread blocks: finer blocks spread a small grid
 // more evenly over the SMs. MIN_BLOCKS is again the largest without spills on sm_70, but THREADS * MIN_BLOCKS
 // stays <= 1024, sm_75's threads per SM (the same PTX is assembled for every target and ptxas warns past it).
 // Splitting K across warps is left out: at one row per warp every 9B/27B matrix (>= 4096 rows) already gives
 // about as many warps as an H200 keeps resident (132 SMs x 32-48), so a split would mostly add a reduction.
-#define RIGLLM_GEMV_Q8_T1(SUFFIX, R, U, THREADS, MIN_BLOCKS) \
-    RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t1_##SUFFIX, 1, R, U, THREADS, MIN_BLOCKS)
+#define RIGLLM_GEMV_Q8_VARIANT(T, SUFFIX, R, U, THREADS, MIN_BLOCKS) \
+    RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T##_##SUFFIX, T, R, U, THREADS, MIN_BLOCKS)
 
-RIGLLM_GEMV_Q8_T1(r1_u2, 1, 2, 128, 8)
-RIGLLM_GEMV_Q8_T1(r1_u4, 1, 4, 128, 8)
-RIGLLM_GEMV_Q8_T1(r1_u8, 1, 8, 128, 8)
-RIGLLM_GEMV_Q8_T1(r2_u2, 2, 2, 128, 8)
-RIGLLM_GEMV_Q8_T1(r2_u8, 2, 8, 128, 4)
-RIGLLM_GEMV_Q8_T1(r4_u2, 4, 2, 128, 6)
-RIGLLM_GEMV_Q8_T1(r4_u4, 4, 4, 128, 4)
-RIGLLM_GEMV_Q8_T1(r1_u8_w2, 1, 8, 64, 16)
-RIGLLM_GEMV_Q8_T1(r2_u4_w2, 2, 4, 64, 14)
+RIGLLM_GEMV_Q8_VARIANT(1, r1_u2, 1, 2, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(1, r1_u4, 1, 4, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(1, r1_u8, 1, 8, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(1, r2_u2, 2, 2, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(1, r2_u8, 2, 8, 128, 4)
+RIGLLM_GEMV_Q8_VARIANT(1, r4_u2, 4, 2, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(1, r4_u4, 4, 4, 128, 4)
+RIGLLM_GEMV_Q8_VARIANT(1, r1_u8_w2, 1, 8, 64, 16)
+RIGLLM_GEMV_Q8_VARIANT(1, r2_u4_w2, 2, 4, 64, 14)
+RIGLLM_GEMV_Q8_VARIANT(2, r4_u2, 4, 2, 128, 5)
+RIGLLM_GEMV_Q8_VARIANT(2, r2_u4, 2, 4, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(2, r1_u8, 1, 8, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(2, r4_u1, 4, 1, 128, 7)

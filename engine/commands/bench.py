@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                         "on --mtp-fixture)")
     p.add_argument("--mtp-fixture", default=str(TRAINED_FIXTURE),
                    help="a trained fixture with an MTP head whose greedy acceptance (arith answers) the projection uses")
+    p.add_argument("--gemv-sweep", type=int, choices=(1, 2), metavar="TOKENS",
+                   help="instead: every GEMV kernel variant for 1 or 2 tokens on the --synthetic shape's decode matrices "
+                        "(GB/s per matrix, GEMV time per step), to choose engine.cuda.gemv.DEFAULT_GEMV")
     p.add_argument("--json", dest="json_out", help="write the results here (default: stdout only)")
     p.set_defaults(func=run)
 
@@ -114,6 +117,23 @@ def _mtp(args: argparse.Namespace, depth: int) -> int:
     return 0
 
 
+def _gemv_sweep(args: argparse.Namespace) -> int:
+    """`--gemv-sweep T`: every T-token GEMV variant on the shape's matrices (random weights, no model needed)."""
+    from engine.cuda.driver import CudaCard
+    from engine.cuda.microbench import gemv_sweep
+    from engine.errors import RigllmError
+
+    if not args.synthetic:
+        raise RigllmError("--gemv-sweep needs --synthetic SHAPE")
+    with CudaCard(0) as card:
+        result = gemv_sweep(card, args.synthetic, n_tokens=args.gemv_sweep)
+    _emit(args, result)
+    print(f"{args.gemv_sweep}-token GEMV per step on {args.synthetic} (default {result['default']}):", file=sys.stderr)
+    for name, us in result["per_token_us"].items():
+        print(f"  {name:<24} {us:8.1f} us", file=sys.stderr)
+    return 0
+
+
 def _emit(args: argparse.Namespace, result: dict) -> None:
     """Write the JSON (with date, commit and command) to --json or stdout."""
     result = {
@@ -145,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         return _pipeline(args, prompts)
     if args.mtp:
         return _mtp(args, depths[0])
+    if args.gemv_sweep:
+        return _gemv_sweep(args)
     card = CudaCard(0)
     try:
         if args.synthetic:

@@ -31,25 +31,34 @@ class GemvLaunch:
     threads: int
 
 
-# The decode (T = 1) kernels that can be swapped in: name -> launch shape. Mirrors the
-# RIGLLM_GEMV_Q8_T1(suffix, R, U, THREADS, ...) lines of gemv_q8.cu (a unit test checks it);
-# `microbench.gemv_sweep` times them all. DECODE_GEMV is the one every T = 1 GEMV launches by
-# default: switching decode to a faster variant is changing that one name.
-GEMV_T1_VARIANTS = {
-    "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
-    "gemv_q8_t1_r1_u2": GemvLaunch(1, 128),
-    "gemv_q8_t1_r1_u4": GemvLaunch(1, 128),
-    "gemv_q8_t1_r1_u8": GemvLaunch(1, 128),
-    "gemv_q8_t1_r2_u2": GemvLaunch(2, 128),
-    "gemv_q8_t1_r2_u8": GemvLaunch(2, 128),
-    "gemv_q8_t1_r4_u2": GemvLaunch(4, 128),
-    "gemv_q8_t1_r4_u4": GemvLaunch(4, 128),
-    "gemv_q8_t1_r1_u8_w2": GemvLaunch(1, 64),
-    "gemv_q8_t1_r2_u4_w2": GemvLaunch(2, 64),
+# The kernels that can be swapped in for one token (decode) and two (a one-draft speculative verify, two-slot
+# steps): T -> name -> launch shape. Mirrors gemv_q8.cu's RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...)
+# lines (a unit test checks it); `microbench.gemv_sweep` times them. DEFAULT_GEMV[T] is the one every T-token
+# GEMV launches: switching to a faster variant is changing that one name. Other token counts have one kernel.
+GEMV_VARIANTS = {
+    1: {
+        "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
+        "gemv_q8_t1_r1_u2": GemvLaunch(1, 128),
+        "gemv_q8_t1_r1_u4": GemvLaunch(1, 128),
+        "gemv_q8_t1_r1_u8": GemvLaunch(1, 128),
+        "gemv_q8_t1_r2_u2": GemvLaunch(2, 128),
+        "gemv_q8_t1_r2_u8": GemvLaunch(2, 128),
+        "gemv_q8_t1_r4_u2": GemvLaunch(4, 128),
+        "gemv_q8_t1_r4_u4": GemvLaunch(4, 128),
+        "gemv_q8_t1_r1_u8_w2": GemvLaunch(1, 64),
+        "gemv_q8_t1_r2_u4_w2": GemvLaunch(2, 64),
+    },
+    2: {
+        "gemv_q8_t2": GemvLaunch(GEMV_ROWS_PER_WARP[2], GEMV_THREADS),
+        "gemv_q8_t2_r4_u2": GemvLaunch(4, 128),
+        "gemv_q8_t2_r2_u4": GemvLaunch(2, 128),
+        "gemv_q8_t2_r1_u8": GemvLaunch(1, 128),
+        "gemv_q8_t2_r4_u1": GemvLaunch(4, 128),
+    },
 }
-# Chosen by `gemv_sweep` on the H200 (2026-11-30, tests/gpu/results/2026-11-30-h200-gemv-sweep.json):
+# T = 1 chosen by `gemv_sweep` on the H200 (2026-11-30, tests/gpu/results/2026-11-30-h200-gemv-sweep.json):
 # 2293 us of GEMV per 9B decode token against 2417 us for the first setting (r2_u4).
-DECODE_GEMV = "gemv_q8_t1_r4_u2"
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2_r4_u2"}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 
@@ -167,17 +176,18 @@ def gemv_q8(
 
     `residual` has the output's layout and may be `y` itself. `max_blocks` caps the grid (the kernel
     strides over row groups), e.g. to leave SMs to a concurrent stream. `variant` names a kernel of
-    GEMV_T1_VARIANTS for n_tokens = 1 (default DECODE_GEMV); every variant computes the same sums.
+    GEMV_VARIANTS[n_tokens] (default DEFAULT_GEMV[n_tokens]); every variant computes the same sums.
     """
     if n_tokens not in GEMV_ROWS_PER_WARP:
         raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
-    if n_tokens == 1:
-        kernel = DECODE_GEMV if variant is None else variant
-        if kernel not in GEMV_T1_VARIANTS:
-            raise ValueError(f"unknown T=1 GEMV variant {kernel!r}; known: {', '.join(GEMV_T1_VARIANTS)}")
-        launch = GEMV_T1_VARIANTS[kernel]
+    if n_tokens in GEMV_VARIANTS:
+        known = GEMV_VARIANTS[n_tokens]
+        kernel = DEFAULT_GEMV[n_tokens] if variant is None else variant
+        if kernel not in known:
+            raise ValueError(f"unknown T={n_tokens} GEMV variant {kernel!r}; known: {', '.join(known)}")
+        launch = known[kernel]
     elif variant is not None:
-        raise ValueError(f"GEMV variants exist for one token only, not {n_tokens}")
+        raise ValueError(f"GEMV variants exist for {sorted(GEMV_VARIANTS)} tokens, not {n_tokens}")
     else:
         kernel, launch = f"gemv_q8_t{n_tokens}", GemvLaunch(GEMV_ROWS_PER_WARP[n_tokens], GEMV_THREADS)
     ends = matmul_args(w, x, y, n_tokens, residual)

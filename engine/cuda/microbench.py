@@ -6,8 +6,8 @@
   the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
   repeats, replayed from a CUDA graph and timed with CUDA events; plus the whole step's GEMV bytes
   over its summed GEMV time;
-- GEMV sweep (`gemv_sweep`): the same measurement for every T=1 kernel variant (gemv.GEMV_T1_VARIANTS),
-  to choose gemv.DECODE_GEMV.
+- GEMV sweep (`gemv_sweep`, `rigllm bench --synthetic 9b --gemv-sweep 1|2`): the same measurement for every
+  T=1 or T=2 kernel variant (gemv.GEMV_VARIANTS), to choose gemv.DEFAULT_GEMV.
 Projected numbers for other cards (e.g. the CMP 100-210) are fractions of these measured ceilings.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.gemv import DECODE_GEMV, GEMV_T1_VARIANTS, Q8Activations, alloc_q8_activations, gemv_q8
+from engine.cuda.gemv import DEFAULT_GEMV, GEMV_VARIANTS, Q8Activations, alloc_q8_activations, gemv_q8
 from engine.cuda.synthetic_weights import random_q8_weight
 from engine.cuda.q8_layout import QK
 from engine.gguf.config import ModelConfig
@@ -109,29 +109,29 @@ def decode_gemvs(cfg: ModelConfig) -> list[GemvShape]:
     ]
 
 
-def _random_activations(card: CudaCard, k: int, seed: int) -> Q8Activations:
-    act = alloc_q8_activations(card, k, 1, "bench.x")
+def _random_activations(card: CudaCard, k: int, seed: int, n_tokens: int = 1) -> Q8Activations:
+    act = alloc_q8_activations(card, k, n_tokens, "bench.x")
     rng = np.random.default_rng(seed)
-    act.xq.upload(rng.integers(-127, 128, size=k, dtype=np.int8))
-    act.xd.upload(rng.uniform(0.01, 0.02, size=k // QK).astype(np.float16).astype(np.float32))
+    act.xq.upload(rng.integers(-127, 128, size=n_tokens * k, dtype=np.int8))
+    act.xd.upload(rng.uniform(0.01, 0.02, size=n_tokens * k // QK).astype(np.float16).astype(np.float32))
     return act
 
 
 def gemv_bandwidths(
-    card: CudaCard, shape: GemvShape, variants: Sequence[str], reps: int = 20, l2_multiple: int = 4
+    card: CudaCard, shape: GemvShape, variants: Sequence[str], reps: int = 20, l2_multiple: int = 4, n_tokens: int = 1
 ) -> list[dict[str, Any]]:
-    """Achieved read bandwidth of each T=1 GEMV kernel in `variants` on `shape`, one record each.
+    """Achieved read bandwidth of each `n_tokens`-token GEMV kernel in `variants` on `shape`, one record each.
 
     Every variant runs on the same weights: copies totalling >= l2_multiple x L2, rotated so that no
     launch finds its matrix in L2, as a decode step (which reads each matrix once) never does.
     """
     copies = max(2, min(8, math.ceil(l2_multiple * card.l2_bytes / shape.weight_bytes)))
     weights = [random_q8_weight(card, (shape.rows,), shape.k, 1000 + i, f"bench.{shape.name}.{i}") for i in range(copies)]
-    x = _random_activations(card, shape.k, 7)
-    y: DeviceBuffer = card.alloc(4 * shape.rows, "bench.y")
+    x = _random_activations(card, shape.k, 7, n_tokens)
+    y: DeviceBuffer = card.alloc(4 * n_tokens * shape.rows, "bench.y")
     try:
         ms = {
-            v: time_graph_ms(card, reps, lambda i, v=v: gemv_q8(card, weights[i % copies], x, y, 1, variant=v))
+            v: time_graph_ms(card, reps, lambda i, v=v: gemv_q8(card, weights[i % copies], x, y, n_tokens, variant=v))
             for v in variants
         }
     finally:
@@ -140,7 +140,7 @@ def gemv_bandwidths(
             w.d.free()
         for buf in (x.xq, x.xd, y):
             buf.free()
-    read = shape.weight_bytes + shape.k + 4 * (shape.k // QK)
+    read = shape.weight_bytes + n_tokens * (shape.k + 4 * (shape.k // QK))
     return [
         {
             "name": shape.name,
@@ -158,24 +158,27 @@ def gemv_bandwidths(
 
 
 def gemv_bandwidth(card: CudaCard, shape: GemvShape, reps: int = 20, l2_multiple: int = 4) -> dict[str, Any]:
-    """Achieved read bandwidth of the decode GEMV (gemv.DECODE_GEMV) on `shape`."""
-    [record] = gemv_bandwidths(card, shape, (DECODE_GEMV,), reps, l2_multiple)
+    """Achieved read bandwidth of the decode GEMV (gemv.DEFAULT_GEMV[1]) on `shape`."""
+    [record] = gemv_bandwidths(card, shape, (DEFAULT_GEMV[1],), reps, l2_multiple)
     return record
 
 
-def gemv_sweep(card: CudaCard, shape: str = "9b", reps: int = 50) -> dict[str, Any]:
-    """Every T=1 GEMV variant on every decode matrix of `shape`: GB/s per matrix, GEMV µs per token, the best.
+def gemv_sweep(card: CudaCard, shape: str = "9b", reps: int = 50, n_tokens: int = 1) -> dict[str, Any]:
+    """Every `n_tokens`-token GEMV variant on every decode matrix of `shape`: GB/s per matrix, GEMV µs per
+    step, the best.
 
-    `per_token_us[v]` is one decode token's GEMV time if every GEMV ran variant v (each matrix's time
-    times its launches per token); `best_per_matrix_us` is the time if each matrix ran its own best.
-    JSON-ready; pick the variant with the lowest per_token_us for gemv.DECODE_GEMV.
+    `per_token_us[v]` is one step's GEMV time (n_tokens rows through every matrix) if every GEMV ran
+    variant v (each matrix's time times its launches per step); `best_per_matrix_us` is the time if each
+    matrix ran its own best. JSON-ready; pick the variant with the lowest per_token_us for
+    gemv.DEFAULT_GEMV[n_tokens].
     """
-    variants = tuple(GEMV_T1_VARIANTS)
+    variants = tuple(GEMV_VARIANTS[n_tokens])
+    default = DEFAULT_GEMV[n_tokens]
     matrices = []
     per_token_us = dict.fromkeys(variants, 0.0)
     best_per_matrix_us = 0.0
     for s in decode_gemvs(shape_config(shape)):
-        records = gemv_bandwidths(card, s, variants, reps)
+        records = gemv_bandwidths(card, s, variants, reps, n_tokens=n_tokens)
         us = {r["kernel"]: r["us"] for r in records}
         best = min(us, key=us.__getitem__)
         for v in variants:
@@ -188,13 +191,14 @@ def gemv_sweep(card: CudaCard, shape: str = "9b", reps: int = 50) -> dict[str, A
             "count_per_token": s.count,
             "gb_per_s": {r["kernel"]: round(r["gb_per_s"], 1) for r in records},
             "best": best,
-            "best_vs_default": round(us[DECODE_GEMV] / us[best], 3),
+            "best_vs_default": round(us[default] / us[best], 3),
         })
     ranking = sorted(variants, key=per_token_us.__getitem__)
     return {
         "device": card.device_name,
         "shape": shape,
-        "default": DECODE_GEMV,
+        "tokens": n_tokens,
+        "default": default,
         "matrices": matrices,
         "per_token_us": {v: round(per_token_us[v], 2) for v in ranking},
         "best": ranking[0],

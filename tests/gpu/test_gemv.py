@@ -1,4 +1,4 @@
-"""The DP4A GEMV (gemv_q8_t1..t8 and the T=1 variants) against numpy on the same quantized activations.
+"""The DP4A GEMV (gemv_q8_t1..t8 and the T=1/T=2 variants) against numpy on the same quantized activations.
 
 Weights and activations are exactly representable Q8 data, so numpy in float64 gives the exact answer
 and the kernel may differ only by fp32 summation order: the bound is 1e-5 of sum_k |W x| per output
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from engine.cuda.gemv import (
-    DECODE_GEMV,
+    DEFAULT_GEMV,
     GEMV_ROWS_PER_WARP,
-    GEMV_T1_VARIANTS,
+    GEMV_VARIANTS,
     gemv_q8,
     upload_q8_weight,
 )
@@ -70,47 +70,51 @@ def test_residual_epilogue_separate_and_in_place(card, rng, tokens):
     check_residual_epilogue(card, rng, gemv_q8, tokens, rows=45, k=4096)
 
 
-@pytest.mark.parametrize("variant", sorted(GEMV_T1_VARIANTS))
-def test_every_decode_variant_matches_the_default_kernel(card, rng, variant):
-    """Each T=1 variant against numpy and against DECODE_GEMV: odd shapes, a 3-block grid striding over 20001
-    rows, and four stacked matrices with a residual (the epilogue's segment split depends on rows per warp)."""
+@pytest.mark.parametrize("tokens, variant", [(t, v) for t, vs in GEMV_VARIANTS.items() for v in sorted(vs)])
+def test_every_variant_matches_the_default_kernel(card, rng, tokens, variant):
+    """Each T-token variant against numpy and against DEFAULT_GEMV[T]: odd shapes, a 3-block grid striding over
+    20001 rows, and four stacked matrices with a residual (the epilogue's segment split depends on rows per warp)."""
+    default = DEFAULT_GEMV[tokens]
     cases = [(rows, k, None) for rows, k in SHAPES] + [(20001, 256, 3)]
     for rows, k, max_blocks in cases:
         qs, d, w = random_q8_weight(rng, rows, k)
         weight = upload_q8_weight(card, [(qs, d)], "test.w")
-        act, x = upload_activations(card, random_activations(rng, 1, k))
+        act, x = upload_activations(card, random_activations(rng, tokens, k))
         bound = gemv_error_bound(w, x)
-        y_default, y = card.alloc(4 * rows, "test.y_default"), card.alloc(4 * rows, "test.y")
-        gemv_q8(card, weight, act, y_default, 1, variant=DECODE_GEMV)
-        gemv_q8(card, weight, act, y, 1, max_blocks=max_blocks, variant=variant)
-        got = y.download(np.float32, (1, rows))
+        y_default, y = card.alloc(4 * tokens * rows, "test.y_default"), card.alloc(4 * tokens * rows, "test.y")
+        gemv_q8(card, weight, act, y_default, tokens, variant=default)
+        gemv_q8(card, weight, act, y, tokens, max_blocks=max_blocks, variant=variant)
+        got = y.download(np.float32, (tokens, rows))
         what = f"{variant} [{rows}x{k}] max_blocks={max_blocks}"
         assert_within(got, x.astype(np.float64) @ w.T, bound, what + " vs numpy")
-        assert_within(got, y_default.download(np.float32, (1, rows)), 2 * bound, what + f" vs {DECODE_GEMV}")
+        assert_within(got, y_default.download(np.float32, (tokens, rows)), 2 * bound, what + f" vs {default}")
 
     k = 128
     parts = [random_q8_weight(rng, rows, k) for rows in (10, 21, 3, 2)]
     weight = upload_q8_weight(card, [(qs, d) for qs, d, _ in parts], "test.stacked")
-    act, x = upload_activations(card, random_activations(rng, 1, k))
-    residual = rng.standard_normal(weight.rows).astype(np.float32)
+    act, x = upload_activations(card, random_activations(rng, tokens, k))
+    residual = rng.standard_normal(tokens * weight.rows).astype(np.float32)
     y = card.upload(residual, "test.y")
-    gemv_q8(card, weight, act, y, 1, residual=y, variant=variant)
+    gemv_q8(card, weight, act, y, tokens, residual=y, variant=variant)
     offset = 0
     for i, (_, _, w) in enumerate(parts):
         rows = w.shape[0]
-        expected = residual[offset : offset + rows].astype(np.float64) + x.astype(np.float64) @ w.T
-        bound = gemv_error_bound(w, x) + 1e-6 * np.abs(residual[offset : offset + rows])
-        got = weight.segment_view(y, i, 1).download(np.float32, (1, rows))
+        before = residual[tokens * offset : tokens * (offset + rows)].reshape(tokens, rows)
+        expected = before.astype(np.float64) + x.astype(np.float64) @ w.T
+        bound = gemv_error_bound(w, x) + 1e-6 * np.abs(before)
+        got = weight.segment_view(y, i, tokens).download(np.float32, (tokens, rows))
         assert_within(got, expected, bound, f"{variant} stacked segment {i}, r += Wx in place")
         offset += rows
 
 
-def test_variants_are_for_one_token_only(card, rng):
+def test_variants_are_for_their_own_token_count(card, rng):
     qs, d, _ = random_q8_weight(rng, 8, 32)
     weight = upload_q8_weight(card, [(qs, d)], "test.w")
-    act, _ = upload_activations(card, random_activations(rng, 2, 32))
-    y = card.alloc(4 * 8 * 2, "test.y")
-    with pytest.raises(ValueError, match="one token"):
+    act, _ = upload_activations(card, random_activations(rng, 3, 32))
+    y = card.alloc(4 * 8 * 3, "test.y")
+    with pytest.raises(ValueError, match="variants exist for"):
+        gemv_q8(card, weight, act, y, 3, variant="gemv_q8_t1_r1_u8")
+    with pytest.raises(ValueError, match="unknown T=2 GEMV variant"):
         gemv_q8(card, weight, act, y, 2, variant="gemv_q8_t1_r1_u8")
     with pytest.raises(ValueError, match="unknown T=1 GEMV variant"):
         gemv_q8(card, weight, act, y, 1, variant="gemv_q8_t2")

@@ -56,9 +56,11 @@ GEMV_VARIANTS = {
         "gemv_q8_t2_r4_u1": GemvLaunch(4, 128),
     },
 }
-# T = 1 chosen by `gemv_sweep` on the H200 (2026-11-30, tests/gpu/results/2026-11-30-h200-gemv-sweep.json):
-# 2293 us of GEMV per 9B decode token against 2417 us for the first setting (r2_u4).
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2_r4_u2"}
+# Chosen by `gemv_sweep` on the H200 (2026-11-30): T = 1 (…-gemv-sweep.json) 2293 us of GEMV per 9B decode
+# token against 2417 us for the first setting (r2_u4); T = 2 (…-gemv-sweep-t2.json) the plain kernel, 2404 us
+# per 2-token step (1.05x one token) against 2479-2830 us for the others. Re-run the sweep on the target card:
+# Volta's register file and SM count may rank them differently.
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2"}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 

@@ -27,6 +27,7 @@ from typing import Any
 from engine.cuda.bench import decode_speed
 from engine.cuda.driver import CudaCard
 from engine.cuda.microbench import time_graph_ms
+from engine.cuda.profile import kernel_breakdown
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.generation.sampler import SamplingParams
@@ -52,8 +53,9 @@ def _at_depth(dec: SlotDecoder, depth: int) -> None:
         cache.position, cache.owed_rows = depth - 1, 1
 
 
-def _device_times(dec: SlotDecoder, depth: int) -> dict[str, float]:
-    """Device ms of a decode step, a verify step and a draft on slot 0 at `depth` (graphs of REPS calls)."""
+def _device_times(dec: SlotDecoder, depth: int) -> dict[str, Any]:
+    """Device ms of a decode step, a verify step and a draft on slot 0 at `depth` (graphs of REPS calls), and
+    the decode and verify steps per kernel (`kernel_breakdown`: where the verify's extra time goes)."""
     spec, fwd, seq, sampler, card = dec.speculator, dec.fwd, dec.seqs[0], dec.samplers[0], dec.card
     assert spec is not None
     k, cache, head = spec.k, spec.caches[0], spec.head
@@ -65,6 +67,7 @@ def _device_times(dec: SlotDecoder, depth: int) -> dict[str, float]:
         sampler.argmax(fwd.logits_row(0))
 
     decode_ms = time_graph_ms(card, REPS, decode)
+    decode_parts = kernel_breakdown(card, lambda: decode(0))
     seq.set_step(k + 1)
 
     def verify(_: int) -> None:
@@ -73,6 +76,7 @@ def _device_times(dec: SlotDecoder, depth: int) -> dict[str, float]:
             sampler.argmax(fwd.logits_row(t))
 
     verify_ms = time_graph_ms(card, REPS, verify)
+    verify_parts = kernel_breakdown(card, lambda: verify(0))
     cache.set_steps(1)
 
     def draft(_: int) -> None:
@@ -81,7 +85,8 @@ def _device_times(dec: SlotDecoder, depth: int) -> dict[str, float]:
 
     draft_ms = time_graph_ms(card, REPS, draft)
     return {"decode_step_ms": decode_ms, "verify_step_ms": verify_ms, "draft_ms": draft_ms,
-            "verify_over_decode": verify_ms / decode_ms}
+            "verify_over_decode": verify_ms / decode_ms,
+            "kernel_breakdown": {"decode": decode_parts, "verify": verify_parts}}
 
 
 def _speculative_speed(dec: SlotDecoder, depth: int, steps: int) -> dict[str, float]:
@@ -197,4 +202,10 @@ def render_mtp(r: dict[str, Any]) -> str:
             f"(acceptance {m['acceptance']:.0%}, round {m['round_ms']:.2f} ms); PROJECTED at acceptance "
             f"{p['acceptance']:.0%}: {p['tokens_per_s']:.1f} t/s ({p['speedup_over_plain']:.2f}x plain)"
         )
+        parts = d.get("kernel_breakdown")
+        if parts:
+            plain, verify = parts["decode"]["kernels"], parts["verify"]["kernels"]
+            extra = sorted(verify, key=lambda n: -(verify[n]["us"] - plain.get(n, {}).get("us", 0.0)))
+            lines.append("  verify minus decode, us (launches): " + ", ".join(
+                f"{n} {verify[n]['us'] - plain.get(n, {}).get('us', 0.0):+.0f} ({verify[n]['launches']})" for n in extra[:8]))
     return "\n".join(lines)

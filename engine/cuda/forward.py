@@ -57,6 +57,8 @@ F32, F16 = 4, 2
 NORM_THREADS_DECODE, NORM_THREADS_BATCH = 1024, 256
 # A decode row is split over this many blocks (bit-identical output): measured on the H200, one RMSNorm
 # of 4096 values takes 3.9 us with one block and 2.6 us with 8 (tests/gpu/test_norm_rope.py checks the bits).
+# GEMV-sized batches (a speculative verify, a batched step: up to MAX_GEMV_TOKENS rows) split each row the
+# same way: one 256-thread block per row cost the 9B verify 10 us per norm against 2.6 (…-bench-9b-mtp-breakdown).
 NORM_SLICES_DECODE = 8
 SWIGLU_THREADS = 256
 
@@ -125,7 +127,8 @@ class ForwardPass:
     def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, y: DeviceBuffer | None = None) -> None:
         """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given)."""
         d = self.cfg.d_model
-        grid, threads = ((1, NORM_SLICES_DECODE), NORM_THREADS_DECODE) if n == 1 else (n, NORM_THREADS_BATCH)
+        few = n <= MAX_GEMV_TOKENS
+        grid, threads = ((n, NORM_SLICES_DECODE), NORM_THREADS_DECODE) if few else (n, NORM_THREADS_BATCH)
         self.card.kernel("rmsnorm_q8_1").launch(
             grid, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), y, out.xq, out.xd, np.int32(d)
         )

@@ -20,7 +20,6 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
-from engine.errors import RigllmError
 from engine.generation.kv_formats import kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
 from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
@@ -32,7 +31,7 @@ from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
-from engine.vision.encoder import ImageEncoder
+from engine.vision.encoder import ImageEncoder, loaded_tower
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
 
@@ -108,9 +107,7 @@ class CudaBackend:
 
     def encode_image(self, image: PreparedImage) -> np.ndarray:
         """The tower's embeddings [tokens, D] of one prepared image (on this backend's thread)."""
-        if self.images is None:
-            raise RigllmError("this model was loaded without an mmproj (vision tower); it takes no images")
-        return self.images.tower.encode(image)
+        return loaded_tower(self.images).encode(image)
 
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         self.slots.prefill_embedded(slot, segment)

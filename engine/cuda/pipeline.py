@@ -45,7 +45,7 @@ from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
-from engine.vision.encoder import ImageEncoder
+from engine.vision.encoder import ImageEncoder, loaded_tower
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
 
@@ -243,9 +243,7 @@ class PipelineBackend:
 
     def encode_image(self, image: PreparedImage) -> np.ndarray:
         """The tower's embeddings [tokens, D] of one prepared image, run on the first card's thread."""
-        if self.images is None:
-            raise RigllmError("this model was loaded without an mmproj (vision tower); it takes no images")
-        return self.threads[0].call(self.images.tower.encode, image)
+        return self.threads[0].call(loaded_tower(self.images).encode, image)
 
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         n, step = len(segment.token_ids), self.prefill_chunk

@@ -76,3 +76,13 @@ class ImageEncoder:
         """Run the tower on an RGB image (decoded by engine.vision.image_io) or an already prepared one."""
         prepared = img if isinstance(img, PreparedImage) else self.prepare(img)
         return EncodedImage(prepared.merged_grid, self.tower.encode(prepared))
+
+
+def loaded_tower(encoder: ImageEncoder | None) -> Tower:
+    """A backend's tower; a user error when the backend was loaded without an mmproj (the backends'
+    `encode_image` share it)."""
+    if encoder is None:
+        from engine.errors import RigllmError
+
+        raise RigllmError("this model was loaded without an mmproj (vision tower); it takes no images")
+    return encoder.tower

@@ -78,7 +78,7 @@ def test_batch_equals_steps_and_cache_matters(setup):
 
 def test_first_row_matches_formula(setup):
     cfg, w, ref = setup
-    L, d, h, hkv, dh = cfg.n_layers, cfg.d_model, cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    L, h, hkv, dh = cfg.n_layers, cfg.n_head, cfg.n_head_kv, cfg.head_dim
     p = f"blk.{L}."
     tokens = random_tokens(2, cfg.vocab_size, seed=4)
     hidden = ref.forward_hidden(tokens[:1], ref.new_state())

@@ -69,8 +69,10 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     tokenizer = Tokenizer.from_model_file(loaded.file)
     backend = open_backend(args.backend, loaded, context=max(lengths) + 64, sparse=args.sparse)
-    setting = {"model": Path(args.model).name, "backend": backend.name, "kv_format": args.kv_format or "f16"}
-    print(f"{setting['model']}  backend={setting['backend']}  kv={setting['kv_format']}  samples={args.samples}")
+    setting = {"model": Path(args.model).name, "backend": backend.name, "kv_format": args.kv_format or "f16",
+               "sparse": args.sparse}
+    print(f"{setting['model']}  backend={setting['backend']}  kv={setting['kv_format']}  "
+          f"sparse={'on' if args.sparse else 'off'}  samples={args.samples}")
     print(f"{'task':<8}{'length':>8}{'accuracy':>10}{'tokens':>8}{'mtp acc':>9}{'tok/verify':>11}")
 
     def show(score) -> None:

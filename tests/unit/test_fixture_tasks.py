@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.fixtures.evaluate import MtpCounts
-from engine.fixtures.tasks import TASKS, SampleBuilder
+from engine.fixtures.tasks import TASKS, Difficulty, SampleBuilder
 from engine.fixtures.vocab import (
     FIXTURE_VOCAB_SIZE,
     TASK_SYMBOLS,
@@ -67,6 +67,37 @@ def test_samples_are_deterministic(builder: SampleBuilder) -> None:
     a = builder.sample("recall", np.random.default_rng(5), 500, 3)
     b = builder.sample("recall", np.random.default_rng(5), 500, 3)
     assert a == b
+
+
+def test_difficulty_ramps_from_one_pair_and_short_strings_to_the_evaluated_tasks() -> None:
+    assert Difficulty.at(0.0) == Difficulty(max_pairs=1, copy_lengths=(8, 8))
+    assert Difficulty.at(1.0) == Difficulty.at(7.0) == Difficulty()
+    ramp = [Difficulty.at(p / 10) for p in range(11)]
+    assert all(a.max_pairs <= b.max_pairs and a.copy_lengths[1] <= b.copy_lengths[1] for a, b in zip(ramp, ramp[1:]))
+
+
+def _period(words: list[str]) -> int | None:
+    """The shortest period of at most 32 words, if the word sequence has one."""
+    return next((p for p in range(1, 33) if all(words[i] == words[i + p] for i in range(len(words) - p))), None)
+
+
+def test_easy_items_and_repeated_prose(builder: SampleBuilder, gguf_tokenizer: Tokenizer) -> None:
+    easy = SampleBuilder(builder.encode, Difficulty(max_pairs=1, copy_lengths=(8, 8), repeat_prose=True))
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        assert easy.sample("recall", rng, 400).text.count("[") == 1
+        assert len(gguf_tokenizer.decode(easy.sample("copy", rng, 400).answer_ids)) == 9  # 8 symbols and ">"
+        prose = easy.sample("arith", rng, 400).text.rsplit("\n", 1)[0].split()
+        assert len(prose) > 64 and _period(prose) is not None
+        plain = builder.sample("arith", rng, 400).text.rsplit("\n", 1)[0].split()
+        assert len(plain) > 64 and _period(plain) is None
+
+
+def test_default_difficulty_draws_what_the_plain_builder_drew(builder: SampleBuilder, gguf_tokenizer: Tokenizer) -> None:
+    """The evaluated samples must not change with the training options: the same seed gives the same sample."""
+    explicit = SampleBuilder(lambda text: gguf_tokenizer.encode(text, parse_special=False), Difficulty())
+    for task in TASKS:
+        assert explicit.sample(task, np.random.default_rng(9), 600) == builder.sample(task, np.random.default_rng(9), 600)
 
 
 def test_bad_requests(builder: SampleBuilder) -> None:

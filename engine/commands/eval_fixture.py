@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sparse", action="store_true",
                         help="prefill with the calibrated sparse attention profile beside the model (either backend; "
                              "the cuda backend needs a profile made with --block 64)")
-    parser.add_argument("--kv-format", help="KV cache format, e.g. k8v3 (reference backend only for now; default f16, which the reference keeps exact)")
+    parser.add_argument("--kv-format", help="KV cache format, e.g. k8v3 (default f16; either backend)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH ('-' for stdout)")
     parser.set_defaults(func=run)
 
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.errors import RigllmError
     from engine.fixtures.evaluate import evaluate
     from engine.fixtures.tasks import TASKS
-    from engine.generation.backend import open_backend
+    from engine.generation.backend import ReferenceBackend, open_backend
     from engine.generation.tokenizer import Tokenizer
     from engine.gguf.loader import load_model
 
@@ -63,12 +63,13 @@ def run(args: argparse.Namespace) -> int:
         from engine.generation.kv_formats import kv_format_of
 
         kv_format_of(args.kv_format)  # unknown names fail here with the list of formats
-        if args.backend != "reference":
-            raise RigllmError(f"--kv-format is not supported by the {args.backend} backend yet; use --backend reference")
 
     loaded = load_model(args.model)
     tokenizer = Tokenizer.from_model_file(loaded.file)
-    backend = open_backend(args.backend, loaded, context=max(lengths) + 64, sparse=args.sparse)
+    backend = open_backend(args.backend, loaded, context=max(lengths) + 64, sparse=args.sparse,
+                           kv=args.kv_format or "f16")
+    # the reference evaluator keeps its own sequence state (it also runs the MTP head); the card's is the backend's
+    runner_kv = args.kv_format if isinstance(backend, ReferenceBackend) else None
     setting = {"model": Path(args.model).name, "backend": backend.name, "kv_format": args.kv_format or "f16",
                "sparse": args.sparse}
     print(f"{setting['model']}  backend={setting['backend']}  kv={setting['kv_format']}  "
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     try:
-        scores = evaluate(backend, tokenizer, tasks, lengths, args.samples, args.seed, args.kv_format, progress=show)
+        scores = evaluate(backend, tokenizer, tasks, lengths, args.samples, args.seed, runner_kv, progress=show)
     finally:
         backend.close()
     result = {"setting": setting, "samples": args.samples, "seed": args.seed, "cells": [s.summary() for s in scores]}

@@ -95,13 +95,40 @@ def test_eval_fixture_command(tmp_path: Path, capsys) -> None:
         (["--lengths", "64"], "below 128"),
         (["--lengths", "1k"], "comma-separated integers"),
         (["--kv-format", "k9v9"], "unknown KV format"),
-        (["--kv-format", "k8v3", "--backend", "cuda"], "not supported by the cuda backend"),
     ],
 )
 def test_eval_fixture_errors(argv: list[str], message: str) -> None:
     args = _command([str(fixture_path("q8_0")), *argv])
     with pytest.raises(RigllmError, match=message):
         args.func(args)
+
+
+def test_a_card_backend_gets_the_kv_format_and_the_evaluator_none(monkeypatch) -> None:
+    """On the GPU the backend's own sequences hold the format; the reference evaluator keeps its own state."""
+    import engine.fixtures.evaluate as evaluate_module
+    import engine.generation.backend as backend_module
+
+    seen = {}
+
+    class CardBackend:
+        name = "cuda"
+
+        def close(self) -> None:
+            pass
+
+    def fake_open(name, loaded, **options):
+        seen["kv"] = options["kv"]
+        return CardBackend()
+
+    def fake_evaluate(backend, tokenizer, tasks, lengths, samples, seed, kv_format, progress):
+        seen["runner_kv"] = kv_format
+        return []
+
+    monkeypatch.setattr(backend_module, "open_backend", fake_open)
+    monkeypatch.setattr(evaluate_module, "evaluate", fake_evaluate)
+    args = _command([str(fixture_path("q8_0")), "--kv-format", "k8v3", "--backend", "cuda"])
+    assert args.func(args) == 0
+    assert seen == {"kv": "k8v3", "runner_kv": None}
 
 
 @pytest.mark.parametrize("min_length, changes", [(0, True), (10_000, False)])

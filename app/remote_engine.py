@@ -163,10 +163,13 @@ class RemoteChatEngine(QObject):
                 usage = chunk.get("usage")
                 if usage:
                     first, last = first or time.perf_counter(), last or time.perf_counter()
+                    details = usage["completion_tokens_details"]
+                    accepted = details.get("accepted_prediction_tokens", 0)
                     self.finished.emit(job_id, Finished(
-                        finish_reason, usage["prompt_tokens"], usage["completion_tokens"],
-                        usage["completion_tokens_details"]["reasoning_tokens"],
-                        usage["prompt_tokens_details"]["cached_tokens"], first - started, last - first))
+                        finish_reason, usage["prompt_tokens"], usage["completion_tokens"], details["reasoning_tokens"],
+                        usage["prompt_tokens_details"]["cached_tokens"], first - started, last - first,
+                        draft_tokens=accepted + details.get("rejected_prediction_tokens", 0),
+                        accepted_draft_tokens=accepted))
                     return
         if not stop.is_set():
             self.failed.emit(job_id, "the rig ended the answer without its usage report")

@@ -386,6 +386,8 @@ class ChatPane(QWidget):
         if m.reasoning and m.reasoning_seconds is None:
             m.reasoning_seconds = result.prefill_seconds + result.decode_seconds
         m.stats["tokens"] = result.completion_tokens
+        if result.draft_tokens:
+            m.stats["draft_acceptance"] = result.accepted_draft_tokens / result.draft_tokens
         if result.decode_seconds > 0 and result.completion_tokens > 1:
             m.stats["tokens_per_second"] = (result.completion_tokens - 1) / result.decode_seconds
             self.answer_speed.emit(m.stats["tokens_per_second"])

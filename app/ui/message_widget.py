@@ -23,6 +23,8 @@ def stats_text(message: Message) -> str:
         parts.append(f"{s['tokens_per_second']:.1f} tok/s")
     if "ttft_seconds" in s:
         parts.append(f"first token {s['ttft_seconds']:.2f} s")
+    if "draft_acceptance" in s:
+        parts.append(f"MTP drafts {s['draft_acceptance']:.0%} accepted")
     return " · ".join(parts)
 
 

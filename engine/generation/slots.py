@@ -52,6 +52,7 @@ class Pick:
     token: int  # -1: the logits were NaN or infinite
     logits: np.ndarray | None = None  # the row the token was picked from, when the request asked for it
     extra: tuple[int, ...] = ()  # tokens after `token` from the same step (speculative decoding)
+    drafted: int = 0  # drafts the step verified (speculative decoding); len(extra) of them were accepted
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -202,10 +203,11 @@ class HostSlots:
         for slot, token in feeds.items():
             s = self._slots[slot]
             s.history.append(token)
+            drafted = self.speculator.stats.drafted if self.speculator else 0
             run = self._speculate(s, token) if s.speculate else None
             if run is not None:
                 s.logits = None  # the round picked from its own rows
-                picks[slot] = Pick(run[0], None, tuple(run[1:]))
+                picks[slot] = Pick(run[0], None, tuple(run[1:]), self.speculator.stats.drafted - drafted)
                 continue
             s.logits = self._forward(s, [token])
             picks[slot] = self._pick(s)

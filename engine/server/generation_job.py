@@ -56,6 +56,8 @@ class Finished:
     prefill_seconds: float = 0.0  # from the job's start on a slot to its first token
     decode_seconds: float = 0.0  # from the first token to the last
     image_tokens: int = 0  # prompt tokens that were image embeddings (included in prompt_tokens)
+    draft_tokens: int = 0  # MTP drafts verified while generating (speculative decoding)
+    accepted_draft_tokens: int = 0  # of them, the ones the model accepted
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class JobOutput:
         self._raw = ""
         self.generated = 0
         self.reasoning_tokens = 0
+        self.draft_tokens = self.accepted_draft_tokens = 0
         self.picker = HostPicker(job.constraint, job.params, job.prompt_ids) if job.constraint else None
         self._produced = 0  # characters of generated text so far
         self._passed = 0  # characters of it the stop matcher let through
@@ -145,6 +148,11 @@ class JobOutput:
     def complete(self) -> bool:
         """JSON mode's object is closed, so the reply is over."""
         return self.picker is not None and self.picker.constraint.complete
+
+    def count_drafts(self, drafted: int, accepted: int) -> None:
+        """A speculative step's drafts and how many of them were accepted (for `usage` and the app)."""
+        self.draft_tokens += drafted
+        self.accepted_draft_tokens += accepted
 
     def add(self, token: int, logprob: TokenLogprob | None = None) -> bool:
         """Take one generated token (not an end token) and its logprobs (when the job asked for them);
@@ -175,7 +183,8 @@ class JobOutput:
         reason = self._parser.finish_reason or ("stop" if self._stops.hit else stop_reason)
         images = self.job.multimodal
         done = Finished(reason, prompt_tokens, self.generated, self.reasoning_tokens, cached_tokens,
-                        prefill_seconds, decode_seconds, len(images.embedding_rows) if images is not None else 0)
+                        prefill_seconds, decode_seconds, len(images.embedding_rows) if images is not None else 0,
+                        self.draft_tokens, self.accepted_draft_tokens)
         self.job.post(done)
         return done
 

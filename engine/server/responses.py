@@ -26,7 +26,12 @@ def usage(done: Finished) -> dict[str, Any]:
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
-        "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
+        "completion_tokens_details": {
+            "reasoning_tokens": done.reasoning_tokens,
+            # OpenAI's names for predicted tokens the model kept or threw away: here the MTP head's drafts
+            "accepted_prediction_tokens": done.accepted_draft_tokens,
+            "rejected_prediction_tokens": done.draft_tokens - done.accepted_draft_tokens,
+        },
         "prompt_tokens_details": {"cached_tokens": done.cached_tokens, "image_tokens": done.image_tokens},
     }
 

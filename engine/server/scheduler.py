@@ -203,6 +203,9 @@ class Scheduler:
         """
         run = pick.tokens
         slot.tokens += run[:-1]
+        if pick.drafted:
+            assert slot.output is not None
+            slot.output.count_drafts(pick.drafted, len(pick.extra))
         self._take(slot, pick)
         for token in run[1:]:
             if slot.next_token is None:  # the job ended (or failed) on an earlier token

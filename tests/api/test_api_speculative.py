@@ -52,12 +52,18 @@ def chat(server, extra: dict, temperature: float = 0.0, **kwargs):
 
 
 def test_speculation_is_on_by_default_and_changes_no_greedy_answer(server, slots):
-    before = slots.speculation_stats.rounds
+    stats = slots.speculation_stats
+    before = (stats.rounds, stats.drafted, stats.accepted)
     on = chat(server, {}, max_tokens=40)
-    during = slots.speculation_stats.rounds
+    during = (stats.rounds, stats.drafted, stats.accepted)
     off = chat(server, OFF, max_tokens=40)
-    assert during > before and slots.speculation_stats.rounds == during  # off: no verify rounds
-    assert slots.speculation_stats.accepted > 0
+    assert during[0] > before[0] and stats.rounds == during[0]  # off: no verify rounds
+    assert stats.accepted > 0
+    details = on.usage.completion_tokens_details  # the request's own drafts, in OpenAI's predicted-token fields
+    assert details.accepted_prediction_tokens == during[2] - before[2] > 0
+    assert details.rejected_prediction_tokens == (during[1] - before[1]) - (during[2] - before[2])
+    off_details = off.usage.completion_tokens_details
+    assert off_details.accepted_prediction_tokens == off_details.rejected_prediction_tokens == 0
     assert on.choices[0].message.content == off.choices[0].message.content
     assert on.usage.completion_tokens == off.usage.completion_tokens == 40
     assert on.choices[0].finish_reason == off.choices[0].finish_reason == "length"

@@ -170,6 +170,15 @@ def test_conversation_list_rename_delete_undo_and_search(qtbot, window, monkeypa
     assert window.chat.conversation_id == deleted
 
 
+def test_the_stats_line_shows_the_mtp_acceptance_when_the_answer_speculated():
+    from app.chat_records import Message
+    from app.ui.message_widget import stats_text
+
+    answer = Message("assistant", "text", stats={"tokens": 40, "tokens_per_second": 55.0, "draft_acceptance": 0.83})
+    assert stats_text(answer) == "40 tokens · 55.0 tok/s · MTP drafts 83% accepted"
+    assert "MTP" not in stats_text(Message("assistant", "text", stats={"tokens": 40}))
+
+
 def test_code_blocks_get_copy_links(qtbot):
     view = MarkdownView()
     qtbot.addWidget(view)

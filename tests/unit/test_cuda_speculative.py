@@ -112,7 +112,7 @@ def test_greedy_rounds_accept_and_roll_back(fixture, k):
     accept_all = list(range(30, 30 + k)) + list(range(30, 31 + k))  # drafts equal the targets
     spec.picks.upload(np.asarray(accept_all, np.int32))
     pick = dec.step({0: 4})[0]
-    assert pick.tokens == tuple(range(30, 31 + k))
+    assert pick.tokens == tuple(range(30, 31 + k)) and pick.drafted == k  # all k drafts accepted
     assert (seq.next_position, cache.position, cache.owed_rows, cache.owed_tokens) == (
         20 + k + 1, 20, k + 1, list(range(30, 30 + k)))
 
@@ -120,7 +120,7 @@ def test_greedy_rounds_accept_and_roll_back(fixture, k):
     reject_first = [50 + i for i in range(k)] + [60 + i for i in range(k + 1)]
     spec.picks.upload(np.asarray(reject_first, np.int32))
     pick = dec.step({0: pick.tokens[-1]})[0]
-    assert pick.tokens == (60,)
+    assert pick.tokens == (60,) and pick.drafted == k  # none accepted
     assert (seq.next_position, cache.position, cache.owed_rows, cache.owed_tokens) == (20 + k + 2, 20 + k + 1, 1, [])
     assert (seq.gdn[layer].recurrent.download(np.float32, 8) == 7).all()  # ring slot 0 became the state
     assert spec.stats.rounds == 2 and spec.stats.accepted == k and spec.stats.emitted == k + 2

@@ -33,7 +33,7 @@ from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder
 from engine.cuda.synthetic_weights import random_q8_weight
 from engine.cuda.weights import ModelWeights
 from engine.generation.sampler import SamplingParams
-from engine.generation.slots import SlotRequest
+from engine.generation.slots import SlotBackend, SlotRequest
 from engine.gguf.config import ModelConfig
 
 CMP_READ_GBPS = 818.0
@@ -78,19 +78,26 @@ def prefill_speed(dec: SlotDecoder, n_tokens: int) -> float:
 
 def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int) -> float:
     """Aggregate tokens per second of `steps` greedy graph-replayed steps of slots 0..streams-1 at `depth`."""
-    greedy = SlotRequest(SamplingParams(temperature=0.0), ())
     for slot in range(streams):
         dec.seqs[slot].next_position = depth
-        dec.begin(slot, greedy)
-    feeds = {slot: 1 for slot in range(streams)}
-    dec.step(feeds)  # captures the graph for this set of slots
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        feeds = {slot: max(p.token, 0) for slot, p in dec.step(feeds).items()}
-    elapsed = time.perf_counter() - t0
+    tps = slot_decode_speed(dec, streams, steps)
     for slot in range(streams):
         dec.seqs[slot].reset()
-    return streams * steps / elapsed
+    return tps
+
+
+def slot_decode_speed(slots: SlotBackend, streams: int, steps: int) -> float:
+    """Aggregate tokens per second of `steps` greedy steps of slots 0..streams-1 of any slot backend (one card
+    or a pipeline), whose slots hold their context already; the first step, untimed, captures the graphs."""
+    greedy = SlotRequest(SamplingParams(temperature=0.0), ())
+    for slot in range(streams):
+        slots.begin(slot, greedy)
+    feeds = {slot: 1 for slot in range(streams)}
+    slots.step(feeds)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        feeds = {slot: max(p.token, 0) for slot, p in slots.step(feeds).items()}
+    return streams * steps / (time.perf_counter() - t0)
 
 
 def kv_sweep(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, formats: tuple[str, ...],

@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from engine.cuda.bench import slot_decode_speed
 from engine.cuda.driver import CudaCard
 from engine.cuda.pipeline import CardSpec, PipelineBackend
 from engine.cuda.synthetic_weights import random_model_weights
 from engine.generation.load_progress import ProgressCounter
-from engine.generation.sampler import SamplingParams
-from engine.generation.slots import SlotRequest
 from engine.gguf.config import ModelConfig
 
 GEN1_X1_BYTES_PER_S = 250e6
@@ -32,7 +31,7 @@ def cmp_hop_seconds(rows: int, d_model: int) -> float:
     return 2 * (COPY_LATENCY_S + rows * d_model * 4 / GEN1_X1_BYTES_PER_S)
 
 
-def _prefill_tps(pipe: PipelineBackend, n_tokens: int, pipelined: bool) -> float:
+def pipeline_prefill_speed(pipe: PipelineBackend, n_tokens: int, pipelined: bool) -> float:
     ids = np.random.default_rng(n_tokens).integers(0, pipe.config.vocab_size, n_tokens).astype(np.int32)
     pipe.reset_slot(0)
     start = time.perf_counter()
@@ -44,18 +43,12 @@ def _prefill_tps(pipe: PipelineBackend, n_tokens: int, pipelined: bool) -> float
     return n_tokens / (time.perf_counter() - start)
 
 
-def _decode_tps(pipe: PipelineBackend, streams: int, steps: int) -> float:
-    greedy = SlotRequest(SamplingParams(temperature=0.0), ())
+def pipeline_decode_speed(pipe: PipelineBackend, streams: int, steps: int) -> float:
+    """The pipeline has no sequences to set a depth on, so each slot gets a short real prompt first."""
     for slot in range(streams):
         pipe.reset_slot(slot)
         pipe.prefill_slot(slot, [1] * 16)
-        pipe.begin(slot, greedy)
-    feeds = {slot: 1 for slot in range(streams)}
-    pipe.step(feeds)  # captures each card's graph for this set of slots
-    start = time.perf_counter()
-    for _ in range(steps):
-        feeds = {s: max(p.token, 0) for s, p in pipe.step(feeds).items()}
-    return streams * steps / (time.perf_counter() - start)
+    return slot_decode_speed(pipe, streams, steps)
 
 
 def run_pipeline_bench(cfg: ModelConfig, shape: str, card_counts: tuple[int, ...], devices: tuple[int, ...],
@@ -74,10 +67,10 @@ def run_pipeline_bench(cfg: ModelConfig, shape: str, card_counts: tuple[int, ...
             run: dict[str, Any] = {
                 "devices": [s.device for s in specs],
                 "layers": [[s.start, s.stop] for s in pipe.spans],
-                "prefill_tokens_per_s": _prefill_tps(pipe, prompt, pipelined=True),
-                "prefill_unpipelined_tokens_per_s": _prefill_tps(pipe, prompt, pipelined=False),
-                "decode_tokens_per_s": _decode_tps(pipe, 1, steps),
-                f"decode_{streams}_streams_tokens_per_s": _decode_tps(pipe, streams, steps),
+                "prefill_tokens_per_s": pipeline_prefill_speed(pipe, prompt, pipelined=True),
+                "prefill_unpipelined_tokens_per_s": pipeline_prefill_speed(pipe, prompt, pipelined=False),
+                "decode_tokens_per_s": pipeline_decode_speed(pipe, 1, steps),
+                f"decode_{streams}_streams_tokens_per_s": pipeline_decode_speed(pipe, streams, steps),
             }
             if n > 1:
                 run["hop_seconds_1_row"] = pipe.hop_seconds(1)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.pipeline import CardSpec, PipelineBackend
+from engine.cuda.pipeline_bench import pipeline_decode_speed
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.generation.kv_formats import kv_format
@@ -55,6 +56,8 @@ def test_pipeline_hands_rows_between_cards(demo):
         assert pipe.position(0) == 51
         seq = pipe.new_sequence()
         assert np.isfinite(pipe.forward_last([1, 2, 3], seq)).all()
+        assert pipeline_decode_speed(pipe, 2, 3) > 0  # the pipeline bench's decode timing runs on the same slots
+        assert pipe.position(1) == 16 + 1 + 3
     finally:
         pipe.close()
 

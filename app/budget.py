@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from engine.errors import RigllmError
 from engine.generation.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
-from engine.generation.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, plan
+from engine.generation.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, plan
 from engine.generation.model_footprint import Footprint
 from engine.telemetry import CardSample
 
@@ -71,9 +71,10 @@ def profile_of(card: CardSample) -> CardProfile:
     return CardProfile(f"card {card.index}", card.memory_total, other_used_bytes=card.memory_used)
 
 
-def _try_plan(fp: Footprint, profiles: list[CardProfile], context: int, kv: str) -> MemoryPlan | None:
+def _try_plan(fp: Footprint, profiles: list[CardProfile], context: int, kv: str,
+              split: tuple[int, ...] | None = None) -> MemoryPlan | None:
     try:
-        return plan(fp, profiles, context, kv_format(kv))
+        return plan(fp, profiles, context, kv_format(kv), split=split)
     except RigllmError:
         return None
 
@@ -84,12 +85,13 @@ def _bar(p: CardPlan, real: CardProfile) -> CardBudget:
                       reserve, real.other_used_bytes, p.layers)
 
 
-def max_context(fp: Footprint, profiles: list[CardProfile], kv: str, limit: int) -> int:
+def max_context(fp: Footprint, profiles: list[CardProfile], kv: str, limit: int,
+                split: tuple[int, ...] | None = None) -> int:
     """The longest context (a multiple of CONTEXT_STEP, up to `limit`) that fits; 0 if none does."""
     lo, hi = 0, limit // CONTEXT_STEP
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _try_plan(fp, profiles, mid * CONTEXT_STEP, kv):
+        if _try_plan(fp, profiles, mid * CONTEXT_STEP, kv, split):
             lo = mid
         else:
             hi = mid - 1
@@ -106,26 +108,35 @@ def smaller_kv_formats(fp: Footprint, kv: str) -> list[str]:
     return [f.name for f in smaller]
 
 
-def budget(fp: Footprint, all_cards: list[CardSample], chosen: list[int], context: int, kv: str) -> Budget:
-    """The budget of `fp` on the chosen cards (indices into `all_cards`, PCI bus order)."""
+def budget(fp: Footprint, all_cards: list[CardSample], chosen: list[int], context: int, kv: str,
+           split: tuple[int, ...] | None = None) -> Budget:
+    """The budget of `fp` on the chosen cards (indices into `all_cards`, PCI bus order); `split`: layers per
+    chosen card set by the user (None: the planner balances them)."""
     cards = [all_cards[i] for i in sorted(chosen)]
     if not cards:
         return Budget((), True, "no card chosen: the CPU reference backend runs the model from system RAM",
                       (), None)
     profiles = [profile_of(c) for c in cards]
+    if split is not None:  # a split that names no layout has no bars to draw
+        try:
+            cuts = layer_cuts(fp.config.n_layers, split)
+        except RigllmError as err:
+            return Budget((), False, str(err), (), None)
+        if len(cuts) - 1 != len(profiles):
+            return Budget((), False, f"the split names {len(cuts) - 1} cards and {len(profiles)} are chosen", (), None)
     try:
-        made = plan(fp, profiles, context, kv_format(kv))
+        made = plan(fp, profiles, context, kv_format(kv), split=split)
     except RigllmError as err:
         if "cannot split" in str(err):
             return Budget((), False, str(err), (), None)
         inflated = [replace(p, total_bytes=p.total_bytes * _INFLATE, reserve_bytes=p.reserve_bytes * _INFLATE,
                             other_used_bytes=p.other_used_bytes * _INFLATE) for p in profiles]
-        shown = _try_plan(fp, inflated, context, kv)
+        shown = _try_plan(fp, inflated, context, kv, split)
         if shown is None:  # even a card's fixed parts exceed any scaling: report the planner's words
-            return Budget((), False, str(err), _fixes(fp, all_cards, chosen, context, kv), None)
+            return Budget((), False, str(err), _fixes(fp, all_cards, chosen, context, kv, split), None)
         bars = tuple(_bar(p, real) for p, real in zip(shown.cards, profiles))
         worst = min(bars, key=lambda b: b.free)
-        fixes = _fixes(fp, all_cards, chosen, context, kv)
+        fixes = _fixes(fp, all_cards, chosen, context, kv, split)
         hint = " or ".join(f.label for f in fixes[:2])
         summary = f"{worst.name} is {format_bytes(-worst.free)} short" + (f": {hint}" if hint else "")
         return Budget(bars, False, summary, fixes, None)
@@ -137,16 +148,21 @@ def budget(fp: Footprint, all_cards: list[CardSample], chosen: list[int], contex
     return Budget(bars, True, summary, (), made)
 
 
-def _fixes(fp: Footprint, all_cards: list[CardSample], chosen: list[int], context: int, kv: str) -> tuple[Fix, ...]:
+def _fixes(fp: Footprint, all_cards: list[CardSample], chosen: list[int], context: int, kv: str,
+           split: tuple[int, ...] | None = None) -> tuple[Fix, ...]:
+    """Fixes that fit as offered: another KV format or a shorter context (with the user's split, if any),
+    or one more card (only with the planner's split: a user's split names its cards)."""
     profiles = [profile_of(all_cards[i]) for i in sorted(chosen)]
     fixes: list[Fix] = []
     for smaller in smaller_kv_formats(fp, kv):
-        if _try_plan(fp, profiles, context, smaller):
+        if _try_plan(fp, profiles, context, smaller, split):
             fixes.append(Fix(f"use {smaller} KV", kv=smaller))
             break
-    longest = max_context(fp, profiles, kv, context)
+    longest = max_context(fp, profiles, kv, context, split)
     if longest:
         fixes.append(Fix(f"use {longest // 1024}K context", context=longest))
+    if split is not None:
+        return tuple(fixes)
     for index, card in enumerate(all_cards):
         if index not in chosen and _try_plan(fp, profiles + [profile_of(card)], context, kv):
             fixes.append(Fix(f"add card {card.index}", add_card=index))

@@ -36,6 +36,7 @@ class LoadRequest:
     context: int | None  # None: the model's own
     kv_format: str
     cards: tuple[int, ...]
+    split: tuple[int, ...] | None = None  # layers per chosen card; None: the memory plan balances them
 
 
 class ModelLoader(QObject):
@@ -105,7 +106,7 @@ class ModelLoader(QObject):
         snapshots = SnapshotSettings.for_model(loaded.file, service.template.source)
         mmproj = service.vision.encoder.mmproj if service.vision.encoder is not None else None
         worker = GenerationWorker(lambda: open_backend(request.backend, loaded, context=context, progress=self._progress,
-                                                       kv=request.kv_format, cards=cards,
+                                                       kv=request.kv_format, cards=cards, split=request.split,
                                                        thread_factory=EngineThread, mmproj=mmproj), service.tokenizer,
                                   prefix_cache_bytes=default_host_budget(), snapshots=snapshots,
                                   thread_factory=EngineThread)

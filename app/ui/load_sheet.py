@@ -204,6 +204,11 @@ class LoadSheet(QDialog):
         self.kv_hint.setStyleSheet("color: gray")
         kv_row.addWidget(self.kv_hint, 1)
         form.addLayout(kv_row)
+        form.addWidget(QLabel("Layers per card:"))
+        self.split_edit = QLineEdit(placeholderText="automatic (by free memory and layer cost)")
+        self.split_edit.setToolTip("Layer counts for the checked cards in order, e.g. 22,22,20; the bars check it")
+        self.split_edit.textChanged.connect(lambda _t: self.recompute())
+        form.addWidget(self.split_edit)
         form.addStretch(1)
         columns.addWidget(knobs, 3)
 
@@ -310,6 +315,18 @@ class LoadSheet(QDialog):
         return self.context_spin.value()
 
     @property
+    def split(self) -> tuple[int, ...] | None:
+        """The typed layer counts; None when the field is empty (automatic). Text that is not a list of
+        whole numbers counts as a split of no cards, which the budget reports."""
+        text = self.split_edit.text().strip()
+        if not text:
+            return None
+        try:
+            return tuple(int(part) for part in text.replace(" ", ",").split(",") if part)
+        except ValueError:
+            return ()
+
+    @property
     def kv_name(self) -> str:
         return kv_format_for_bits(self.k_bits.currentData(), self.v_bits.currentData()).name
 
@@ -330,7 +347,8 @@ class LoadSheet(QDialog):
     def recompute(self) -> None:
         if self.inspected is None:
             return
-        result = budget(self.inspected.footprint, self.cards, self.chosen_cards(), self.context, self.kv_name)
+        result = budget(self.inspected.footprint, self.cards, self.chosen_cards(), self.context, self.kv_name,
+                        self.split)
         self.current = result
         self.kv_hint.setText(kv_format(self.kv_name).description)
         self.bars.show_cards(result.cards)
@@ -361,7 +379,7 @@ class LoadSheet(QDialog):
             return
         chosen = [profile_of(self.cards[i]) for i in self.chosen_cards()]
         limit = self.context_spin.maximum()
-        longest = max_context(self.inspected.footprint, chosen, self.kv_name, limit) if chosen else limit
+        longest = max_context(self.inspected.footprint, chosen, self.kv_name, limit, self.split) if chosen else limit
         if longest:
             self.context_spin.setValue(longest)
 
@@ -385,7 +403,7 @@ class LoadSheet(QDialog):
     def request(self) -> LoadRequest:
         assert self.inspected is not None
         return LoadRequest(self.inspected.path, self.backend.currentText(), self.context, self.kv_name,
-                           tuple(self.chosen_cards()))
+                           tuple(self.chosen_cards()), self.split)
 
     def cancel(self) -> None:
         if self.loading:

@@ -36,7 +36,7 @@ from engine.cuda.weights import ModelWeights, trunk_bytes, upload_weights
 from engine.errors import RigllmError
 from engine.generation.kv_formats import KVFormat, kv_format
 from engine.generation.load_progress import ProgressCallback, ProgressCounter
-from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
+from engine.generation.memory_plan import CardProfile, MemoryPlan, layer_cuts, plan
 from engine.generation.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
@@ -72,11 +72,8 @@ class BridgeModel:
 
 def split_layers(n_layers: int, counts: Sequence[int]) -> list[range]:
     """Contiguous ranges from per-card layer counts (a user override like 22,22,20)."""
-    if sum(counts) != n_layers or any(c < 1 for c in counts):
-        raise RigllmError(f"a layer split must give every card at least one layer and {n_layers} in all, "
-                          f"not {','.join(map(str, counts))}")
-    starts = np.cumsum([0, *counts])
-    return [range(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+    cuts = layer_cuts(n_layers, counts)
+    return [range(a, b) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 class _Stage:
@@ -173,7 +170,7 @@ class PipelineBackend:
             if loaded is not None:
                 fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
                 self.plan: MemoryPlan | None = plan(fp, profiles, self.context * slots, self.kv, n_seqs=slots,
-                                                    prefill_chunk=chunk)
+                                                    prefill_chunk=chunk, split=split)  # a user's split is checked too
             else:
                 self.plan = None
             spans = (split_layers(cfg.n_layers, split) if split is not None else

@@ -16,6 +16,7 @@ card and the shortfall.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.errors import RigllmError
@@ -136,6 +137,7 @@ def plan(
     k_bits: int | None = None,
     v_bits: int | None = None,
     verify_states: int = 0,
+    split: Sequence[int] | None = None,
 ) -> MemoryPlan:
     """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit.
 
@@ -144,7 +146,8 @@ def plan(
 
     The KV format is `kv` (default f16) with the K and V sides optionally chosen by bits (16, 8, 4, 3):
     `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan. A vision tower in the footprint
-    (`fp.vision_bytes`) goes on the first card, where image rows enter the model.
+    (`fp.vision_bytes`) goes on the first card, where image rows enter the model. `split`: layers per card
+    chosen by the user (e.g. 22,22,20), checked like the balanced split it replaces.
     """
     kv = resolve_kv_format(kv, k_bits, v_bits)
     cfg = fp.config
@@ -190,7 +193,12 @@ def plan(
 
     layer_cost = [sum(layer_parts(i)) for i in range(cfg.n_layers)]
     fixed = [sum(extras(k)) for k in range(n)]
-    cuts = _balanced_cuts(layer_cost, fixed, [c.usable_bytes for c in cards])
+    if split is not None:
+        cuts = layer_cuts(cfg.n_layers, split)
+        if len(cuts) != n + 1:
+            raise RigllmError(f"the split gives {len(cuts) - 1} cards, {n} were given")
+    else:
+        cuts = _balanced_cuts(layer_cost, fixed, [c.usable_bytes for c in cards])
 
     plans = []
     for k, card in enumerate(cards):
@@ -220,6 +228,17 @@ def plan(
         notes.append(f"vision tower on {cards[0].name}: {format_bytes(vision_bytes[0])} of weights and "
                      f"{format_bytes(vision_bytes[1])} for the largest image")
     return MemoryPlan(tuple(plans), context, kv.name, n_seqs, with_mtp, tuple(notes), kv.k.name, kv.v.name)
+
+
+def layer_cuts(n_layers: int, counts: Sequence[int]) -> list[int]:
+    """Cut points `0 = c0 < ... < cn = n_layers` from per-card layer counts (a user's split like 22,22,20)."""
+    if sum(counts) != n_layers or any(c < 1 for c in counts):
+        raise RigllmError(f"a layer split must give every card at least one layer and {n_layers} in all, "
+                          f"not {','.join(map(str, counts))}")
+    cuts = [0]
+    for c in counts:
+        cuts.append(cuts[-1] + int(c))
+    return cuts
 
 
 def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list[int]:

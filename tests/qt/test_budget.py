@@ -46,6 +46,21 @@ def test_every_offered_fix_fits(chosen, context, kv):
         assert budget(FP_27B, CARDS, cards, fix.context or context, fix.kv or kv).fits, fix.label
 
 
+def test_a_chosen_split_is_drawn_checked_and_refused_when_it_names_no_layout():
+    fits = budget(FP_27B, CARDS, [0, 1, 2], 32768, "k8v8", split=(20, 22, 22))
+    assert fits.fits and [b.layers for b in fits.cards] == [range(0, 20), range(20, 42), range(42, 64)]
+    lopsided = budget(FP_27B, CARDS, [0, 1], 65536, "k8v8", split=(8, 56))
+    assert not lopsided.fits and [len(b.layers) for b in lopsided.cards] == [8, 56]
+    assert lopsided.cards[1].free < 0 < lopsided.cards[0].free
+    assert all(f.add_card is None for f in lopsided.fixes)  # a user's split names its cards
+    for fix in lopsided.fixes:
+        assert budget(FP_27B, CARDS, [0, 1], fix.context or 65536, fix.kv or "k8v8", split=(8, 56)).fits, fix.label
+    wrong = budget(FP_27B, CARDS, [0, 1, 2], 32768, "k8v8", split=(30, 34))
+    assert not wrong.fits and not wrong.cards and wrong.summary == "the split names 2 cards and 3 are chosen"
+    short = budget(FP_27B, CARDS, [0, 1], 32768, "k8v8", split=(30, 30))
+    assert not short.fits and "64 in all" in short.summary
+
+
 def test_adding_a_card_is_offered_when_one_is_free():
     result = budget(FP_27B, CARDS, [0, 1], 131072, "f16")
     assert any(f.add_card is not None for f in result.fixes)

@@ -62,6 +62,21 @@ def test_slider_and_kv_bits_change_the_bars_and_the_verdict(sheet):
     assert all(f > b for f, b in zip(free_bytes(sheet), big))
 
 
+def test_typed_layers_per_card_move_the_bars_and_reach_the_load_request(sheet):
+    show_27b(sheet)
+    sheet.context_spin.setValue(8192)
+    assert sheet.request().split is None  # empty: the planner's split
+    sheet.split_edit.setText("20, 22, 22")
+    assert [len(bar.card.layers) for bar in sheet.bars.bars] == [20, 22, 22] and sheet.current.fits
+    assert sheet.request().split == (20, 22, 22)
+    sheet.split_edit.setText("30,34")
+    assert not sheet.current.fits and "3 are chosen" in sheet.verdict.text() and not sheet.load_button.isEnabled()
+    sheet.split_edit.setText("a,b")
+    assert not sheet.current.fits and "64 in all" in sheet.verdict.text()
+    sheet.split_edit.clear()
+    assert sheet.current.fits
+
+
 def test_a_fix_button_applies_a_fix_that_fits(sheet):
     show_27b(sheet)
     sheet.context_spin.setValue(262144)

@@ -77,6 +77,19 @@ def test_27b_q8_0_needs_two_cards():
     assert all(c.free_bytes >= 0 for c in p.cards)
 
 
+def test_a_chosen_split_is_planned_and_checked():
+    """`split` replaces the balanced cut and is held to the same memory check (a user's --split, the app)."""
+    fp = footprint_for(shape_config("27b"))
+    p = plan(fp, cards_16gb(2), context=8192, kv=F16, split=[30, 34])
+    assert [c.layers for c in p.cards] == [range(0, 30), range(30, 64)]
+    with pytest.raises(RigllmError, match=r"^card 1: the plan needs .* for layers 8-63 .* short by"):
+        plan(fp, cards_16gb(2), context=32768, kv=F16, split=[8, 56])
+    with pytest.raises(RigllmError, match="at least one layer and 64 in all, not 30,30"):
+        plan(fp, cards_16gb(2), context=32768, kv=F16, split=[30, 30])
+    with pytest.raises(RigllmError, match="the split gives 3 cards, 2 were given"):
+        plan(fp, cards_16gb(2), context=32768, kv=F16, split=[20, 22, 22])
+
+
 def test_27b_long_context_with_k8v3_fits_three_cards():
     """contracts.md: 27B at 256K with K8/V3 KV fits on 3 cards with the weights (MTP head on)."""
     cfg = shape_config("27b")

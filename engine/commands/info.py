@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             help=f"bits of the {side.upper()} cache (16, 8, 4, 3), overriding --kv's {side.upper()} side",
         )
     parser.add_argument("--no-mtp", action="store_true", help="plan without the MTP block even if the file has one")
+    parser.add_argument("--split", metavar="LAYERS",
+                        help="plan these layers per card instead (e.g. 22,22,20 for three cards), as generate/serve "
+                             "--split would load them")
     parser.set_defaults(func=run)
 
 
@@ -40,12 +43,14 @@ def run(args: argparse.Namespace) -> int:
     from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
     from engine.generation.memory_plan import resolve_kv_format
     from engine.gguf.info import describe, render_text
+    from engine.commands.placement_args import parse_split
     from engine.gguf.loader import load_model
 
     if args.context is not None and args.context < 1:
         raise RigllmError(f"--context must be at least 1, not {args.context}")
     kv = resolve_kv_format(args.kv or DEFAULT_LONG_CONTEXT_FORMAT, args.k_bits, args.v_bits)
+    split = parse_split(args.split) if args.split else None
     model = load_model(args.file)
-    info = describe(model, args.context, kv.name, with_mtp=False if args.no_mtp else None)
+    info = describe(model, args.context, kv.name, with_mtp=False if args.no_mtp else None, split=split)
     print(json.dumps(info, indent=2) if args.json else render_text(info))
     return 0

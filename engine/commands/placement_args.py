@@ -46,10 +46,15 @@ def placement_options(args: argparse.Namespace) -> dict[str, Any]:
         cards = [CardSpec(d, capacity) for d in devices]
     split = None
     if args.split:
-        try:
-            split = [int(n) for n in args.split.split(",")]
-        except ValueError:
-            raise RigllmError(f"--split takes layer counts separated by commas, not '{args.split}'") from None
+        split = list(parse_split(args.split))
         if cards is None or len(split) != len(cards):
             raise RigllmError("--split needs --cards with one GPU per count")
     return {"kv": args.kv, "cards": cards, "split": split, "sparse": args.sparse}
+
+
+def parse_split(text: str) -> tuple[int, ...]:
+    """`--split 22,22,20` as layer counts (the planner checks that they cover the model)."""
+    try:
+        return tuple(int(n) for n in text.split(","))
+    except ValueError:
+        raise RigllmError(f"--split takes layer counts separated by commas, not '{text}'") from None

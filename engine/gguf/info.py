@@ -38,8 +38,10 @@ def describe(
     context: int | None = None,
     kv_name: str = DEFAULT_LONG_CONTEXT_FORMAT,
     with_mtp: bool | None = None,
+    split: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """The facts `rigllm info` reports; plans use `context` (default: the model's) and `kv_name`."""
+    """The facts `rigllm info` reports; plans use `context` (default: the model's) and `kv_name`, for 1-4
+    cards with the planner's split, or for len(split) cards with the user's `split` (layers per card)."""
     cfg = model.config
     kv = kv_format(kv_name)
     context = cfg.context_length if context is None else context
@@ -55,13 +57,14 @@ def describe(
     n_gdn = len(cfg.gdn_layers)
 
     plans: list[dict[str, Any]] = []
-    for n_cards in range(1, min(MAX_CARDS, cfg.n_layers) + 1):
+    counts = [len(split)] if split is not None else range(1, min(MAX_CARDS, cfg.n_layers) + 1)
+    for n_cards in counts:
         try:
             plans.append(
                 {
                     "n_cards": n_cards,
                     "fits": True,
-                    **_plan_dict(plan(fp, cards_16gb(n_cards), context, kv, with_mtp=with_mtp)),
+                    **_plan_dict(plan(fp, cards_16gb(n_cards), context, kv, with_mtp=with_mtp, split=split)),
                 }
             )
         except RigllmError as err:
@@ -101,6 +104,7 @@ def describe(
             "kv_k": kv.k.name,
             "kv_v": kv.v.name,
             "with_mtp": with_mtp,
+            "split": list(split) if split is not None else None,
         },
         "plans": plans,
         "warnings": list(model.warnings),
@@ -174,6 +178,7 @@ def render_text(info: dict[str, Any]) -> str:
         f"per-card split: 16 GB cards ({format_bytes(settings['usable_bytes'])} usable each), "
         f"{settings['context']} tokens of context, {settings['kv_format']} KV (K {settings['kv_k']}, V {settings['kv_v']}), "
         f"MTP {'on' if settings['with_mtp'] else 'off'}"
+        + (f", layers per card {','.join(map(str, settings['split']))} (given)" if settings.get("split") else "")
     )
     notes: list[str] = []
     for entry in info["plans"]:

@@ -59,6 +59,17 @@ def test_plans_for_one_to_four_cards(model):
     assert describe(model, with_mtp=False)["plans"][0]["cards"][0]["mtp"] is False
 
 
+def test_a_user_split_is_the_only_plan(model):
+    info = describe(model, context=1000, kv_name="f16", split=(3, 1))
+    assert info["plan_settings"]["split"] == [3, 1]
+    [entry] = info["plans"]
+    assert entry["n_cards"] == 2 and entry["fits"]
+    assert [(c["first_layer"], c["last_layer"]) for c in entry["cards"]] == [(0, 2), (3, 3)]
+    assert "layers per card 3,1 (given)" in render_text(info)
+    [bad] = describe(model, split=(2, 1))["plans"]
+    assert not bad["fits"] and "4 in all, not 2,1" in bad["error"]
+
+
 def test_unknown_kv_format(model):
     with pytest.raises(RigllmError, match="unknown KV format 'q4'.*f16, k8v8"):
         describe(model, kv_name="q4")

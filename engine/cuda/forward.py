@@ -283,10 +283,11 @@ class ForwardPass:
                   stage_rows=self.max_tokens if quantised else 0)
         kv_len = seq.capacity if self._anywhere else seq.next_position + n  # a verify graph replays anywhere
         splits = self.decode_splits if n == 1 else prefill_splits(card.sm_count, n, dims, kv_len)
+        sparse = layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n)
         if not quantised:
             if n == 1:
                 attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)
-            elif layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+            elif sparse:
                 self.sparse.attend(layer, self.q_out, cache, seq.step, self.parts, seq.next_position, n, splits)
             else:
                 attn_prefill_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, n, seq.capacity, splits)
@@ -300,7 +301,7 @@ class ForwardPass:
                 q = self.q_rot
             if n == 1:
                 kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables)
-            elif layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n):
+            elif sparse:
                 self.sparse.attend(layer, q, cache, seq.step, self.parts, seq.next_position, n, splits, self.kv_tables)
             else:
                 kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)

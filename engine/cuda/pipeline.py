@@ -243,9 +243,8 @@ class PipelineBackend:
         return self.threads[0].call(loaded_tower(self.images).encode, image)
 
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
-        n, step = len(segment.token_ids), self.prefill_chunk
-        parts = [segment.part(i, min(i + step, n)) for i in range(0, n, step)]
-        self._prefill(slot, [_Chunk(np.asarray(p.token_ids, np.int32), p.positions, embedded_runs(p)) for p in parts])
+        self._prefill(slot, [_Chunk(np.asarray(p.token_ids, np.int32), p.positions, embedded_runs(p))
+                             for p in segment.chunks(self.prefill_chunk)])
 
     def _prefill(self, slot: int, chunks: list[_Chunk]) -> None:
         first = self.stages[0].decoder

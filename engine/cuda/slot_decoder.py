@@ -166,9 +166,7 @@ class SlotDecoder:
         self.check_room(seq, len(segment.token_ids))
         if self.speculator:  # the head runs on text positions only: no speculation after an image (as on the reference)
             self.speculator.leave_behind(slot)
-        for start in range(0, len(segment.token_ids), self.prefill_chunk):
-            stop = min(start + self.prefill_chunk, len(segment.token_ids))
-            part = segment.part(start, stop)
+        for part in segment.chunks(self.prefill_chunk):
             self.prefill_part(seq, np.asarray(part.token_ids, np.int32), positions=part.positions,
                               embedded=embedded_runs(part))
 

@@ -55,6 +55,10 @@ class PromptSegment:
             self.embeddings[inside],
         )
 
+    def chunks(self, size: int) -> list["PromptSegment"]:
+        """The segment cut into parts of `size` tokens (the last may be shorter), as a prefill takes them."""
+        return [self.part(start, start + size) for start in range(0, len(self.token_ids), size)]
+
 
 @dataclass(frozen=True)
 class MultimodalPrompt:

@@ -163,6 +163,12 @@ def published_text(published: dict[str, Any]) -> str:
     return "; ".join(parts) + "."
 
 
+def with_int_keys(measured: dict[str, Any]) -> dict[str, Any]:
+    """One engine's measurements with their prompt lengths and depths as ints again (JSON made them strings)."""
+    return {**measured, **{key: {int(k): v for k, v in measured[key].items()}
+                           for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}}
+
+
 def rerender(saved: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """A saved `peer-bench.json` with its comparisons recomputed from the raw measurements it holds (no
     GPU needed), and the markdown tables: how a change to this file's method reaches a past run."""
@@ -170,13 +176,8 @@ def rerender(saved: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
     tables = []
     for shape, entry in saved["shapes"].items():
-        def ints(d: dict[str, Any]) -> dict[int, Any]:
-            return {int(k): v for k, v in d.items()}
-
-        ours = entry["rigllm"] and {**entry["rigllm"], "prefill_tokens_per_s": ints(entry["rigllm"]["prefill_tokens_per_s"]),
-                                    "decode_tokens_per_s": ints(entry["rigllm"]["decode_tokens_per_s"])}
-        llama = {name: {**v, "prefill_tokens_per_s": ints(v["prefill_tokens_per_s"]),
-                        "decode_tokens_per_s": ints(v["decode_tokens_per_s"])} for name, v in entry["llama"].items()}
+        ours = entry["rigllm"] and with_int_keys(entry["rigllm"])
+        llama = {name: with_int_keys(v) for name, v in entry["llama"].items()}
         read = None if ours else entry["comparison"]["ceilings"].get("read_gb_per_s")
         entry["comparison"] = compare_shape(shape, shape_config(shape), ours, llama, read)
         tables.append(markdown_table(entry["comparison"], list(llama)))

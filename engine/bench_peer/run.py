@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.bench_peer import build
 from engine.bench_peer.models import ensure_model
-from engine.bench_peer.report import compare_shape, markdown_table
+from engine.bench_peer.report import compare_shape, markdown_table, with_int_keys
 from engine.errors import RigllmError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,10 +151,6 @@ def run_llama(wheel_site: Path, model: Path, name: str, env: dict[str, str], arg
     return {**json.loads(out.read_text()), "command": " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(cmd)}
 
 
-def _keys_to_int(d: dict[str, Any]) -> dict[int, Any]:
-    return {int(k): v for k, v in d.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
@@ -183,10 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         llama = {}
         if wheel_site is not None:
             for name, env in variants:
-                raw = run_llama(wheel_site, model, name, env, args, scratch)
-                raw["prefill_tokens_per_s"] = _keys_to_int(raw["prefill_tokens_per_s"])
-                raw["decode_tokens_per_s"] = _keys_to_int(raw["decode_tokens_per_s"])
-                llama[name] = raw
+                llama[name] = with_int_keys(run_llama(wheel_site, model, name, env, args, scratch))
         if args.skip_ours:
             from engine.gguf.loader import load_model
 

@@ -61,7 +61,8 @@ __device__ __forceinline__ void load_halves(const __half* __restrict__ p, float*
 }
 
 // ---------------------------------------------------------------------------------------------
-// Flash decode: one new token (T = 1). Block = (KV head, split), DECODE_WARPS warps; each warp walks
+// Flash decode: one new token per query (a decode step, or each token of a few-token verify, see
+// rigllm::decode_block). Block = (token, KV head, split), DECODE_WARPS warps; each warp walks
 // its keys DECODE_KEYS at a time, one key row per warp (lane l holds dims [l*Dh/32, (l+1)*Dh/32), so
 // a key row is one coalesced load), and keeps its own online softmax for all G query heads of the KV
 // head: K and V are read once for the whole group. The warps' states are merged in shared memory and
@@ -80,12 +81,11 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const _
     __shared__ float sh_l[DECODE_WARPS][G];
     __shared__ float sh_o[DECODE_WARPS][G][DH];
 
-    const int kv_head = blockIdx.x / n_splits;
-    const int split = blockIdx.x - kv_head * n_splits;
-    const int kv_len = min(step[RIGLLM_STEP_POS] + 1, capacity);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity);
+    const int kv_head = blk.kv_head;
     int start, end;
-    split_range(kv_len, n_splits, split, &start, &end);
-    const size_t first_row = (size_t)kv_head * G * n_splits + split;  // partial row of query head kv_head*G
+    split_range(blk.kv_len, n_splits, blk.split, &start, &end);
+    const size_t first_row = blk.first_row;  // partial row of the block's first query head
     if (start >= end) {
         if (threadIdx.x < G) {
             part_m[first_row + threadIdx.x * n_splits] = ATTN_NEG_INF;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const _
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) qr[g][i] = q[(size_t)(kv_head * G + g) * DH + lane * DPL + i] * scale;
+        for (int i = 0; i < DPL; ++i) qr[g][i] = q[(blk.q_row + g) * DH + lane * DPL + i] * scale;
 
     float m[G], l[G], o[G][DPL];
 #pragma unroll
@@ -417,7 +417,7 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points. Decode: attn_decode_d<Dh>_g<G>, grid = n_head_kv * n_splits, block = 32*DECODE_WARPS.
+// Entry points. Decode: attn_decode_d<Dh>_g<G>, grid = (T, n_head_kv * n_splits), block = 32*DECODE_WARPS.
 // Prefill: attn_prefill_d<Dh>, grid = ceil(T*G / PF_BQ) * n_head_kv * n_splits, block = PF_THREADS.
 // `scale` is 1/sqrt(Dh) (passed so the host states it once). Instantiated for Dh 32, 64, 128, 256 and G 1,
 // 2, 4, 6, 8: Dh 256 with G 4 or 6 is every Qwen3.5/3.6 size, Dh 32/64 with G 1, 2, 4 are the tiny test

@@ -17,6 +17,29 @@
 
 namespace rigllm {
 
+// Where a flash-decode block works: grid (T, n_head_kv * n_splits), block (token, KV head, split). Token t
+// of the batch (a decode step has T = 1; a speculative verify a few) sees cache rows [0, pos + t], so each
+// token's partials equal a one-token decode's at its position, bit for bit. The T blocks that read the same
+// keys are launch neighbours, so the second read of a key row is an L2 hit.
+struct DecodeBlock {
+    int token, kv_head, split;
+    int kv_len;        // keys visible to this token
+    size_t q_row;      // query row of the KV head's first query head: t * n_head + kv_head * group
+    size_t first_row;  // its partial row: q_row * n_splits + split
+};
+
+__device__ __forceinline__ DecodeBlock decode_block(const int* __restrict__ step, int n_splits, int group,
+                                                    int capacity) {
+    DecodeBlock b;
+    b.token = blockIdx.x;
+    b.kv_head = blockIdx.y / n_splits;
+    b.split = blockIdx.y - b.kv_head * n_splits;
+    b.kv_len = min(step[RIGLLM_STEP_POS] + 1 + b.token, capacity);
+    b.q_row = ((size_t)b.token * (gridDim.y / n_splits) + b.kv_head) * group;
+    b.first_row = b.q_row * n_splits + b.split;
+    return b;
+}
+
 // Sum / max over the 32 lanes of a warp; every lane gets the result. All 32 lanes must call it.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -156,12 +156,11 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
     __shared__ float k_centroids[16], v_centroids[16], signs[kv::BLOCK];
 
     const int capacity = k_side.capacity;
-    const int kv_head = blockIdx.x / n_splits;
-    const int split = blockIdx.x - kv_head * n_splits;
-    const int kv_len = min(step[RIGLLM_STEP_POS] + 1, capacity);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity);
+    const int kv_head = blk.kv_head;
     int start, end;
-    kv_split_range(kv_len, n_splits, split, &start, &end);
-    const size_t first_row = (size_t)kv_head * G * n_splits + split;
+    kv_split_range(blk.kv_len, n_splits, blk.split, &start, &end);
+    const size_t first_row = blk.first_row;
     if (start >= end) {
         if (threadIdx.x < G) {
             part_m[first_row + threadIdx.x * n_splits] = KV_NEG_INF;
@@ -182,7 +181,7 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
-        for (int i = 0; i < KPL; ++i) qr[g][i] = q[(size_t)(kv_head * G + g) * DWK + lane * KPL + i] * scale;
+        for (int i = 0; i < KPL; ++i) qr[g][i] = q[(blk.q_row + g) * DWK + lane * KPL + i] * scale;
 
     float m[G], l[G], o[G][VPL];
 #pragma unroll
@@ -519,7 +518,7 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points, one per (format, Dh[, G]): kv_decode_<fmt>_d<Dh>_g<G> (grid n_head_kv * n_splits, block
+// Entry points, one per (format, Dh[, G]): kv_decode_<fmt>_d<Dh>_g<G> (grid (T, n_head_kv * n_splits), block
 // 128) and kv_prefill_<fmt>_d<Dh> (grid ceil(T*G/64) * n_head_kv * n_splits, block 256). Arguments: q in
 // the K domain; K codes/side, V codes/side; step; partials; then the sizes; `tables` last.
 #define KV_DECODE_ENTRY(FMT, KC, VC, DH, G)                                                                    \

@@ -126,10 +126,12 @@ def attn_prep(card: CudaCard, dims: AttnDims, qg: DeviceBuffer, qg_stride: int, 
 
 # ---- fp16 cache (attention.cu) --------------------------------------------------------------------
 def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer, v_cache: DeviceBuffer,
-                    step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int) -> None:
+                    step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int, n_tokens: int = 1) -> None:
+    """Flash decode of n_tokens new tokens, each on its own (common.cuh's decode_block): a decode step, or
+    a short verify whose token t then gets exactly the partials a one-token decode at pos + t would."""
     _check_shape(dims, decode=True, quantised=False)
     card.kernel(f"attn_decode_d{dims.head_dim}_g{dims.group}").launch(
-        dims.n_head_kv * n_splits, DECODE_THREADS, q, k_cache, v_cache, step, *parts.args(),
+        (n_tokens, dims.n_head_kv * n_splits), DECODE_THREADS, q, k_cache, v_cache, step, *parts.args(),
         np.int32(capacity), np.int32(n_splits), dims.scale,
     )
 
@@ -174,10 +176,11 @@ def rotate_q(card: CudaCard, q: DeviceBuffer, q_rot: DeviceBuffer, n_rows: int, 
 
 
 def kv_decode(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
-              parts: Partials, n_splits: int, tables: DeviceBuffer) -> None:
+              parts: Partials, n_splits: int, tables: DeviceBuffer, n_tokens: int = 1) -> None:
+    """attn_decode_f16 over a quantised cache."""
     _check_shape(dims, decode=True, quantised=True)
     card.kernel(f"kv_decode_{kernel_format(cache.format)}_d{dims.head_dim}_g{dims.group}").launch(
-        dims.n_head_kv * n_splits, DECODE_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
+        (n_tokens, dims.n_head_kv * n_splits), DECODE_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
         step, *parts.args(), np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables,
     )
 

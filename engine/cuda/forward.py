@@ -101,8 +101,8 @@ class ForwardPass:
                                  sections[1], sections[2])
             self.q_out = card.alloc(F32 * max_tokens * c.q_dim, "attn.q")
             self.decode_splits = decode_splits(card.sm_count, c.n_head_kv)
-            part_rows = max(self.decode_splits, MAX_PREFILL_SPLITS * max_tokens) * c.n_head
-            self.parts = alloc_partials(card, part_rows, 1, c.head_dim)
+            self.part_rows = max(self.decode_splits, MAX_PREFILL_SPLITS * max_tokens) * c.n_head
+            self.parts = alloc_partials(card, self.part_rows, 1, c.head_dim)
             if kv != F16_FORMAT:
                 kernel_format(kv)  # refuses a pair without kernels before anything else is allocated
                 self.kv_tables = upload_kv_tables(card)
@@ -281,12 +281,12 @@ class ForwardPass:
         attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, positions,
                   seq.step, self.q_out, k_dst, v_dst, n, seq.capacity, c.rms_eps,
                   stage_rows=self.max_tokens if quantised else 0)
-        kv_len = seq.capacity if self._anywhere else seq.next_position + n  # a verify graph replays anywhere
-        splits = self.decode_splits if n == 1 else prefill_splits(card.sm_count, n, dims, kv_len)
         sparse = layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n)
+        few = n <= MAX_GEMV_TOKENS and not sparse  # decode kernels, a token each: see _attention_splits
+        splits = self._attention_splits(n, few, seq.capacity if self._anywhere else seq.next_position + n)
         if not quantised:
-            if n == 1:
-                attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits)
+            if few:
+                attn_decode_f16(card, dims, self.q_out, k_dst, v_dst, seq.step, self.parts, seq.capacity, splits, n)
             elif sparse:
                 self.sparse.attend(layer, self.q_out, cache, seq.step, self.parts, seq.next_position, n, splits)
             else:
@@ -299,14 +299,25 @@ class ForwardPass:
             if self.q_rot is not None:
                 rotate_q(card, self.q_out, self.q_rot, n * c.n_head, c.head_dim, self.kv_tables)
                 q = self.q_rot
-            if n == 1:
-                kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables)
+            if few:
+                kv_decode(card, dims, q, cache, seq.step, self.parts, splits, self.kv_tables, n)
             elif sparse:
                 self.sparse.attend(layer, q, cache, seq.step, self.parts, seq.next_position, n, splits, self.kv_tables)
             else:
                 kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)
         attn_merge_gate(card, dims, self.parts, n, splits, qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),
                         2 * c.q_dim, 2 * c.head_dim, None, xo.xq, xo.xd)
+
+    def _attention_splits(self, n: int, few: bool, kv_len: int) -> int:
+        """Context splits of one attention launch. A few tokens (decode steps, speculative verifies, the MTP
+        head's rows) take the decode kernel with the decode split count, as many as the partials hold: the
+        prefill kernel's 64-row query tiles would sit mostly empty and its few splits leave the card idle (a
+        2-token verify spent 71 µs per layer there against 15 µs for a decode step, H200 9B at depth 512).
+        Longer chunks take the prefill kernel's rule for `kv_len` keys (a graph-captured call passes the
+        capacity: it replays at any depth)."""
+        if few:
+            return max(1, min(self.decode_splits, self.part_rows // (n * self.cfg.n_head)))
+        return prefill_splits(self.card.sm_count, n, self.dims, kv_len)
 
 
 def _rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:

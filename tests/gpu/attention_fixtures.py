@@ -230,9 +230,9 @@ class DeviceAttention:
     def dims(self) -> AttnDims:
         return AttnDims(self.shape.n_head, self.shape.n_head_kv, self.shape.head_dim)
 
-    def decode(self, q_out, parts, n_splits: int) -> None:
+    def decode(self, q_out, parts, n_splits: int, n_tok: int = 1) -> None:
         attn_decode_f16(self.card, self.dims, q_out, self.k_cache, self.v_cache, self.step, Partials(*parts),
-                        self.capacity, n_splits)
+                        self.capacity, n_splits, n_tok)
 
     def prefill(self, q_out, parts, n_tok: int, n_splits: int) -> None:
         attn_prefill_f16(self.card, self.dims, q_out, self.k_cache, self.v_cache, self.step, Partials(*parts), n_tok,
@@ -254,14 +254,14 @@ class DeviceAttention:
 
     def step_attention(self, proj: Projections, pos: int, n_splits: int, use_decode: bool,
                        quantize: bool = False):
-        """One layer step: prep, attention (decode kernel for T = 1 when asked, else prefill), merge."""
+        """One layer step: prep, attention (the decode kernel, a token per grid column, when asked; else
+        prefill), merge."""
         n_tok = proj.n_tokens
         self.set_pos(pos, n_tok)
         stacked, q_out = self.prep(proj)
         parts = self.partials(n_tok, n_splits)
         if use_decode:
-            assert n_tok == 1, "the decode kernel takes one token"
-            self.decode(q_out, parts, n_splits)
+            self.decode(q_out, parts, n_splits, n_tok)
         else:
             self.prefill(q_out, parts, n_tok, n_splits)
         y, yq, yd = self.merge(parts, n_tok, n_splits, stacked, proj.stride, quantize)

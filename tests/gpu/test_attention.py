@@ -97,6 +97,40 @@ def test_decode(card, rng, shape, kv_len, n_splits):
     run_case(card, rng, shape, 1, kv_len - 1, n_splits, use_decode=True)
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)
+@pytest.mark.parametrize("n_tok", [2, 3, 8])
+@pytest.mark.parametrize("prefix, n_splits", [(0, 1), (5, 7), (300, 64), (4000, 99)])
+def test_decode_few_tokens(card, rng, shape, n_tok, prefix, n_splits):
+    """The decode kernel over a few new tokens (a speculative verify): token t sees rows [0, prefix + t]."""
+    run_case(card, rng, shape, n_tok, prefix, n_splits, use_decode=True)
+
+
+@pytest.mark.parametrize("shape", [SHAPE_27B, SHAPE_TINY], ids=lambda s: s.name)
+@pytest.mark.parametrize("prefix, n_splits", [(0, 16), (700, 99)])
+def test_a_few_token_decode_equals_one_token_decodes_bit_for_bit(card, rng, shape, prefix, n_splits):
+    """Token t's partials of a 3-token decode launch are the bits of a one-token decode at position prefix + t
+    over the same cache and q row: a verify's logits equal plain decode steps' exactly."""
+    n_tok = 3
+    dev = DeviceAttention(card, shape, capacity=prefix + n_tok + 3, rng=rng)
+    dev.fill_prefix(*random_prefix(shape, prefix, rng))
+    dev.set_pos(prefix, n_tok)
+    _, q_out = dev.prep(random_projections(shape, n_tok, rng))
+    together = dev.partials(n_tok, n_splits)
+    dev.decode(q_out, together, n_splits, n_tok)
+    rows = shape.n_head * n_splits  # one token's partial rows
+    m, l, o = (buf.download(np.float32, (n_tok, rows, width)) for buf, width in zip(together, (1, 1, shape.head_dim)))
+    for t in range(n_tok):
+        dev.set_pos(prefix + t, 1)
+        alone = dev.partials(1, n_splits)
+        dev.decode(q_out.view(t * shape.q_width * F32, shape.q_width * F32), alone, n_splits)
+        m1, l1, o1 = (buf.download(np.float32, (rows, width)) for buf, width in zip(alone, (1, 1, shape.head_dim)))
+        what = f"{shape.name} prefix {prefix} token {t}"
+        assert_equal(m[t], m1, f"{what} part_m")
+        assert_equal(l[t], l1, f"{what} part_l")
+        written = np.isfinite(m1[:, 0])  # an empty split leaves its o unwritten
+        assert_equal(o[t][written], o1[written], f"{what} part_o")
+
+
 @pytest.mark.parametrize("shape", [SHAPE_08B, SHAPE_27B, SHAPE_DEMO, SHAPE_TINY], ids=lambda s: s.name)
 @pytest.mark.parametrize("n_tok", [1, 3, 17, 65])
 @pytest.mark.parametrize("prefix", [0, 5, 300])

@@ -207,9 +207,8 @@ class Layer:
         else:
             q_dom = q_dev
         parts = alloc_partials(card, n_tok * d.n_head, n_splits, d.head_dim, "test")
-        if use_decode:
-            assert n_tok == 1
-            kv_decode(card, d, q_dom, self.cache, self.step, parts, n_splits, self.tables)
+        if use_decode:  # a token per grid column
+            kv_decode(card, d, q_dom, self.cache, self.step, parts, n_splits, self.tables, n_tok)
         else:
             kv_prefill(card, d, q_dom, self.cache, self.step, parts, n_tok, n_splits, self.tables)
         y = card.alloc(n_tok * d.n_head * d.head_dim * F32, "test.y")
@@ -238,6 +237,14 @@ def run_case(card, rng, tables, fmt_name: str, dims: AttnDims, n_tok: int, pos: 
 @pytest.mark.parametrize("kv_len, n_splits", [(1, 1), (300, 7), (5000, 64)])
 def test_decode(card, rng, tables, fmt_name, dims, kv_len, n_splits):
     run_case(card, rng, tables, fmt_name, dims, 1, kv_len - 1, n_splits, use_decode=True)
+
+
+@pytest.mark.parametrize("fmt_name", QUANTISED_KERNEL_FORMATS)
+@pytest.mark.parametrize("dims", [DIMS["27b"], DIMS["tiny"]], ids=["27b", "tiny"])
+@pytest.mark.parametrize("n_tok, prefix, n_splits", [(2, 0, 3), (3, 300, 7), (8, 5000, 99)])
+def test_decode_few_tokens(card, rng, tables, fmt_name, dims, n_tok, prefix, n_splits):
+    """A speculative verify's launch: token t of the batch sees rows [0, prefix + t]."""
+    run_case(card, rng, tables, fmt_name, dims, n_tok, prefix, n_splits, use_decode=True)
 
 
 @pytest.mark.parametrize("fmt_name", QUANTISED_KERNEL_FORMATS)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.cuda.attention_kernels import MAX_PREFILL_SPLITS, decode_splits
 from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_gdn_ring, gdn_mixer
 from engine.cuda.mtp_bench import run_mtp_bench, tokens_per_round
 from engine.cuda.sequence import GdnState
@@ -127,6 +128,24 @@ def test_greedy_rounds_accept_and_roll_back(fixture, k):
     dec.step({0: 60})  # the same owed-row count as the first round: its graph is captured, then replayed
     dec.step({0: 60})
     assert ("<replay>", None, None, 0) in card.launches
+
+
+def test_a_verify_attends_with_the_decode_kernel_one_grid_column_per_token(fixture):
+    """Each verify token gets a one-token decode's launch at its position (same kernel, same split count,
+    as many as the partials hold), not the prefill kernel's mostly empty 64-row tiles."""
+    card, dec = decoder(fixture, 2)
+    cfg = fixture.config
+    dec.prefill_slot(0, list(range(20)))
+    dec.begin(0, SlotRequest(GREEDY, list(range(20))))
+    card.launches.clear()
+    dec.step({0: 4})
+    grids = [grid for name, grid, *_ in card.launches if name.startswith("attn_")]
+    names = {name for name, *_ in card.launches}
+    one_token = decode_splits(card.sm_count, cfg.n_head_kv)
+    splits = min(one_token, max(one_token, MAX_PREFILL_SPLITS * 16) // 3)  # the partials, sized for chunk 16
+    assert not any(n.startswith("attn_prefill") for n in names)
+    assert grids.count((3, cfg.n_head_kv * splits)) == len(cfg.attention_layers)  # the 3-token verify
+    assert grids.count(3 * cfg.n_head) == len(cfg.attention_layers)  # its merges, one row per (token, head)
 
 
 def test_sampled_rounds_use_the_host_rule_and_count_the_picks(fixture):

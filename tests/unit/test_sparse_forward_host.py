@@ -65,7 +65,8 @@ def test_only_chunks_past_the_minimum_length_of_profiled_layers_go_sparse(demo):
     chunks = launches_per_chunk(card, dec, list(range(200)))  # chunks end at 64, 128, 192, 200
     sparse_name, dense_name = f"sparse_prefill_d{cfg.head_dim}", f"attn_prefill_d{cfg.head_dim}"
     assert [c.count(sparse_name) for c in chunks] == [0, 0, 1, 1]  # pos + n >= 150 from the third chunk
-    assert [c.count(dense_name) for c in chunks] == [2, 2, 1, 1]
+    assert [c.count(dense_name) for c in chunks] == [2, 2, 1, 0]
+    assert chunks[3].count(f"attn_decode_d{cfg.head_dim}_g{cfg.n_head // cfg.n_head_kv}") == 1  # 8 rows: decode kernel
     assert {"sparse_pool_q", "sparse_vs_select", "sparse_index_fill", "sparse_topk_select"} <= set(chunks[2])
     dec.begin(0, SlotRequest(SamplingParams(temperature=0.0), ()))
     card.launches.clear()

@@ -46,187 +46,7 @@
 // out_id = -1 when the scores contain NaN or +inf, or (not greedy) no score is finite: a backend bug,
 // which the reference reports as an error too.
 // Greedy alone (no penalties): argmax_partial (grid nparts) + argmax_final (grid 1).
-
-#define SAMPLE_THREADS 256
-#define SAMPLE_BINS 2048
-#define KEY_NEG_INF 0x007fffffu  // order_key(-inf); larger keys below KEY_POS_INF are finite
-#define KEY_POS_INF 0xff800000u  // order_key(+inf)
-#define FIXED_ONE 1099511627776.0f  // 2^40: fixed-point scale of a weight
-#define NEG_INF_F __int_as_float(0xff800000)
-
-struct SampleParams {
-    double temperature;         // 0 = greedy
-    double top_p;               // 1 = off
-    double min_p;               // 0 = off
-    double repetition_penalty;  // 1 = off
-    double presence_penalty;
-    double frequency_penalty;
-    unsigned long long seed;
-    unsigned long long counter;  // index of the next draw; advanced by sample_draw
-    int top_k;                   // 0 = off
-    int reserved;
-};
-
-struct __align__(16) ArgmaxPartial {
-    float value;
-    int index;
-    int n_finite;
-    int bad;  // a NaN or +inf was seen
-};
-
-struct SampleState {
-    unsigned final_key;  // support threshold (see the top of the file)
-    int final_ntie;
-    int done;            // 1: sample_prepare already wrote out_id (greedy or bad scores)
-    int n_finite;
-    float smax;
-    float inv_temp;
-    unsigned topk_key;   // top-k boundary: keys above it plus topk_ntie ids at it (KEY_NEG_INF: off)
-    int topk_ntie;
-    int active[2];       // select stages still to run: [0] top-k (count), [1] top-p (mass)
-    unsigned prefix;     // key bits fixed so far by the running select
-    int reserved;
-    unsigned long long target;  // count or fixed-point mass still to cover below the prefix
-};
-
-struct __align__(16) DrawPartial {
-    unsigned long long mass_gt;  // fixed-point weight of this block's tokens with key > final_key
-    int n_eq;                    // this block's tokens with key == final_key
-    int reserved;
-};
-
-__constant__ int kPassShift[3] = {21, 10, 0};
-__constant__ int kPassBits[3] = {11, 11, 10};
-
-// ---------------------------------------------------------------------------------------------
-// Keys, weights, random numbers
-
-__device__ __forceinline__ unsigned order_key(float x) {
-    unsigned u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) == 0u) u = 0u;  // -0 equals +0: one key
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_value(unsigned key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
-
-__device__ __forceinline__ bool key_finite(unsigned key) { return key > KEY_NEG_INF && key < KEY_POS_INF; }
-
-__device__ __forceinline__ unsigned long long fixed_weight(float s, float smax, float inv_temp) {
-    const float x = s < smax ? (s - smax) * inv_temp : 0.0f;
-    return __float2ull_rn(expf(x) * FIXED_ONE);
-}
-
-__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ double uniform01(unsigned long long seed, unsigned long long counter) {
-    return (double)(splitmix64(seed ^ splitmix64(counter)) >> 11) * 0x1.0p-53;
-}
-
-// The reference's order of operations, in float64 with explicit roundings (no FMA contraction), so
-// the fp32 result is the reference's float64 value rounded once.
-__device__ __forceinline__ float penalize(float x, int count, const SampleParams& p) {
-    if (count <= 0) return x;
-    double s = (double)x;
-    if (p.repetition_penalty != 1.0) s = s > 0.0 ? __ddiv_rn(s, p.repetition_penalty) : __dmul_rn(s, p.repetition_penalty);
-    s = __dsub_rn(s, __dadd_rn(__dmul_rn((double)count, p.frequency_penalty), p.presence_penalty));
-    return __double2float_rn(s);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Block reductions (256 threads)
-
-struct Best {
-    float value;
-    int index;
-};
-
-__device__ __forceinline__ Best better(Best a, Best b) {
-    return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
-}
-
-__device__ __forceinline__ ArgmaxPartial combine(ArgmaxPartial a, ArgmaxPartial b) {
-    const Best m = better(Best{a.value, a.index}, Best{b.value, b.index});
-    return ArgmaxPartial{m.value, m.index, a.n_finite + b.n_finite, a.bad | b.bad};
-}
-
-__device__ ArgmaxPartial block_reduce_argmax(ArgmaxPartial v) {
-    __shared__ ArgmaxPartial warp_best[SAMPLE_THREADS / 32];
-    for (int off = 16; off > 0; off >>= 1) {
-        ArgmaxPartial o;
-        o.value = __shfl_down_sync(0xffffffffu, v.value, off);
-        o.index = __shfl_down_sync(0xffffffffu, v.index, off);
-        o.n_finite = __shfl_down_sync(0xffffffffu, v.n_finite, off);
-        o.bad = __shfl_down_sync(0xffffffffu, v.bad, off);
-        v = combine(v, o);
-    }
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) warp_best[warp] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < SAMPLE_THREADS / 32; ++w) v = combine(v, warp_best[w]);
-    }
-    __syncthreads();
-    return v;  // valid in thread 0
-}
-
-__device__ unsigned long long block_sum_u64(unsigned long long v) {
-    __shared__ unsigned long long warp_sum[SAMPLE_THREADS / 32];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
-    if (threadIdx.x % 32 == 0) warp_sum[threadIdx.x / 32] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < SAMPLE_THREADS / 32; ++w) v += warp_sum[w];
-    }
-    __syncthreads();
-    return v;  // valid in thread 0
-}
-
-// Exclusive prefix sum over the block in thread order; returns this thread's offset, *total gets the sum.
-__device__ unsigned long long block_exclusive_scan_u64(unsigned long long v, unsigned long long* total) {
-    __shared__ unsigned long long vals[SAMPLE_THREADS];
-    vals[threadIdx.x] = v;
-    __syncthreads();
-    for (int off = 1; off < SAMPLE_THREADS; off <<= 1) {
-        const unsigned long long add = threadIdx.x >= off ? vals[threadIdx.x - off] : 0ull;
-        __syncthreads();
-        vals[threadIdx.x] += add;
-        __syncthreads();
-    }
-    const unsigned long long inclusive = vals[threadIdx.x];
-    *total = vals[SAMPLE_THREADS - 1];
-    __syncthreads();
-    return inclusive - v;
-}
-
-__device__ __forceinline__ void block_slice(int n, int nparts, int part, int* begin, int* end) {
-    const int len = (n + nparts - 1) / nparts;
-    *begin = min(part * len, n);
-    *end = min(*begin + len, n);
-}
-
-__device__ __forceinline__ void scan_slice(const float* scores, int begin, int end, ArgmaxPartial* acc) {
-    for (int v = begin + (int)threadIdx.x; v < end; v += SAMPLE_THREADS) {
-        const float s = scores[v];
-        const unsigned key = order_key(s);
-        if (s != s || key == KEY_POS_INF) {
-            acc->bad = 1;
-            continue;
-        }
-        acc->n_finite += key_finite(key);
-        const Best m = better(Best{acc->value, acc->index}, Best{s, v});
-        acc->value = m.value;
-        acc->index = m.index;
-    }
-}
-
-__device__ __forceinline__ ArgmaxPartial empty_partial() { return ArgmaxPartial{NEG_INF_F, 0x7fffffff, 0, 0}; }
+#include "sampling.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // Greedy argmax (ties -> lowest id, like numpy.argmax); out_id = -1 on NaN/+inf.
@@ -256,11 +76,13 @@ argmax_final(const ArgmaxPartial* __restrict__ part, int nparts, int* __restrict
 // ---------------------------------------------------------------------------------------------
 // Full sampler
 
-// Token counts: counts[ids[i]] += 1 for i < n (ids outside [0, V) are ignored).
-extern "C" __global__ void token_counts_add(int* __restrict__ counts, const int* __restrict__ ids, int n, int V) {
+// Token counts: counts[ids[i]] += delta for i < n (ids outside [0, V) are ignored: -1 pads a list). A
+// speculative round adds its drafts for the later rows' penalties and takes them back with delta = -1.
+extern "C" __global__ void token_counts_add(int* __restrict__ counts, const int* __restrict__ ids, int n, int V,
+                                           int delta) {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const int id = ids[i];
-        if (id >= 0 && id < V) atomicAdd(&counts[id], 1);
+        if (id >= 0 && id < V) atomicAdd(&counts[id], delta);
     }
 }
 
@@ -484,11 +306,6 @@ sample_select(const SampleParams* __restrict__ params, SampleState* __restrict__
     }
 }
 
-__device__ __forceinline__ unsigned long long support_weight(float s, const SampleState& st) {
-    const unsigned key = order_key(s);
-    return (key > st.final_key && key_finite(key)) ? fixed_weight(s, st.smax, st.inv_temp) : 0ull;
-}
-
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_draw_partial(const float* __restrict__ scores, int V, const SampleState* __restrict__ st_ptr,
                     DrawPartial* __restrict__ dpart) {
@@ -508,68 +325,19 @@ sample_draw_partial(const float* __restrict__ scores, int V, const SampleState* 
     if (threadIdx.x == 0) dpart[blockIdx.x] = DrawPartial{mass, (int)eq, 0};
 }
 
-// Draws u in [0, 1), maps it to a position in the support's fixed-point mass (id order: tokens above
-// the threshold by weight, then the tied tokens, lowest ids first, each of equal weight), and finds
-// the token: first the block of sample_draw_partial's slices, then the token inside the slice.
+// Draws u in [0, 1) and takes the token at that point of the support's mass (draw_support).
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_draw(const float* __restrict__ scores, int V, SampleParams* __restrict__ params,
             const SampleState* __restrict__ st_ptr, const DrawPartial* __restrict__ dpart, int nparts,
             int* __restrict__ counts, int* __restrict__ out_id) {
     const SampleState st = *st_ptr;
     if (st.done) return;
-    __shared__ int use_ties;               // 1: the draw lands among the tied tokens
-    __shared__ unsigned long long want;    // mass offset (above-threshold part) or tie rank, inside the slice
-    __shared__ int slice;
-
-    unsigned long long mass = 0ull, eq = 0ull;
-    for (int i = threadIdx.x; i < nparts; i += SAMPLE_THREADS) {
-        mass += dpart[i].mass_gt;
-        eq += (unsigned long long)dpart[i].n_eq;
-    }
-    mass = block_sum_u64(mass);
-    eq = block_sum_u64(eq);
+    const int v = draw_support(scores, V, st, dpart, nparts, uniform01(params->seed, params->counter));
     if (threadIdx.x == 0) {
-        const unsigned long long ntie = min(eq, (unsigned long long)st.final_ntie);
-        const unsigned long long w_eq = ntie > 0ull ? fixed_weight(key_value(st.final_key), st.smax, st.inv_temp) : 0ull;
-        const unsigned long long total = mass + ntie * w_eq;
-        const double u = uniform01(params->seed, params->counter);
-        unsigned long long r = (unsigned long long)(u * (double)total);
-        if (r >= total) r = total - 1ull;
-        use_ties = r >= mass;
-        unsigned long long rank = use_ties ? (r - mass) / w_eq : r;
-        int b = 0;
-        for (; b < nparts - 1; ++b) {
-            const unsigned long long in_block = use_ties ? (unsigned long long)dpart[b].n_eq : dpart[b].mass_gt;
-            if (rank < in_block) break;
-            rank -= in_block;
-        }
-        want = rank;
-        slice = b;
-        out_id[0] = -1;  // overwritten below by the thread that finds the token
-    }
-    __syncthreads();
-
-    int begin, end;
-    block_slice(V, nparts, slice, &begin, &end);
-    const int chunk = (end - begin + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    const int my_begin = min(begin + (int)threadIdx.x * chunk, end);
-    const int my_end = min(my_begin + chunk, end);
-    unsigned long long mine = 0ull;
-    for (int v = my_begin; v < my_end; ++v) {
-        mine += use_ties ? (unsigned long long)(order_key(scores[v]) == st.final_key) : support_weight(scores[v], st);
-    }
-    unsigned long long slice_total;
-    const unsigned long long before = block_exclusive_scan_u64(mine, &slice_total);
-    if (before <= want && want < before + mine) {
-        unsigned long long cum = before;
-        for (int v = my_begin; v < my_end; ++v) {
-            cum += use_ties ? (unsigned long long)(order_key(scores[v]) == st.final_key) : support_weight(scores[v], st);
-            if (want < cum) {
-                out_id[0] = v;
-                counts[v] += 1;
-                params->counter += 1ull;
-                break;
-            }
+        out_id[0] = v;
+        if (v >= 0) {
+            counts[v] += 1;
+            params->counter += 1ull;
         }
     }
 }

@@ -47,15 +47,14 @@ class CudaBackend:
     def __init__(self, loaded: LoadedModel, context: int | None = None, chunk: int = DEFAULT_CHUNK, card_index: int = 0,
                  card_bytes: int | None = None, slots: int = 1, progress: ProgressCallback | None = None,
                  kv: str = "f16", mmproj: LoadedMmproj | None = None, speculative: bool = True,
-                 draft_tokens: int = 1, speculate_sampled: bool = False, sparse: SparseProfile | None = None):
+                 draft_tokens: int = 1, sparse: SparseProfile | None = None):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
         `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
         `mmproj`: a validated vision tower paired with this model (engine.vision.encoder checks the pairing),
         loaded onto this card and counted in its memory plan.
-        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for
-        plain-greedy requests, and for sampled ones too with `speculate_sampled` (the exact rule runs on the
-        host, which costs more than it saves at a real vocabulary: engine.cuda.speculative).
+        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for greedy
+        and sampled requests alike (the exact acceptance rule runs on the card: engine.cuda.speculative).
         `sparse`: a calibrated sparse prefill profile (engine.sparse.profile.require_profile) or None (dense)."""
         self.config = cfg = loaded.config
         self.context = min(context or cfg.context_length, cfg.context_length)
@@ -77,7 +76,7 @@ class CudaBackend:
             mtp = upload_mtp_weights(self.card, loaded.file, cfg, self.weights) if self.with_mtp else None
             counter.enter("allocating slots and warming up kernels")
             self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp=mtp,
-                                     draft_tokens=draft_tokens, speculate_sampled=speculate_sampled, sparse=sparse)
+                                     draft_tokens=draft_tokens, sparse=sparse)
             self.fwd = self.slots.fwd
             counter.enter("ready")
         except BaseException:

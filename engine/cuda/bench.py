@@ -44,6 +44,8 @@ QENGINE = {  # anchor-qengine.md §0, measured by qengine on CMP 100-210 cards
 }
 
 
+GREEDY = SamplingParams(temperature=0.0)
+
 def q8_bytes(rows: int, k: int) -> int:
     return rows * k + 2 * rows * (k // 32)
 
@@ -76,22 +78,24 @@ def prefill_speed(dec: SlotDecoder, n_tokens: int) -> float:
     return n_tokens / (end.elapsed_ms(start) * 1e-3)
 
 
-def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int) -> float:
-    """Aggregate tokens per second of `steps` greedy graph-replayed steps of slots 0..streams-1 at `depth`."""
+def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int, params: SamplingParams = GREEDY) -> float:
+    """Aggregate tokens per second of `steps` graph-replayed steps of slots 0..streams-1 at `depth` (greedy
+    unless `params` say otherwise)."""
     for slot in range(streams):
         dec.seqs[slot].next_position = depth
-    tps = slot_decode_speed(dec, streams, steps)
+    tps = slot_decode_speed(dec, streams, steps, params)
     for slot in range(streams):
         dec.seqs[slot].reset()
     return tps
 
 
-def slot_decode_speed(slots: SlotBackend, streams: int, steps: int) -> float:
-    """Aggregate tokens per second of `steps` greedy steps of slots 0..streams-1 of any slot backend (one card
-    or a pipeline), whose slots hold their context already; the first step, untimed, captures the graphs."""
-    greedy = SlotRequest(SamplingParams(temperature=0.0), ())
+def slot_decode_speed(slots: SlotBackend, streams: int, steps: int, params: SamplingParams = GREEDY) -> float:
+    """Aggregate tokens per second of `steps` steps (greedy unless `params` say otherwise) of slots
+    0..streams-1 of any slot backend (one card or a pipeline), whose slots hold their context already; the
+    first step, untimed, captures the graphs."""
+    request = SlotRequest(params, ())
     for slot in range(streams):
-        slots.begin(slot, greedy)
+        slots.begin(slot, request)
     feeds = {slot: 1 for slot in range(streams)}
     slots.step(feeds)
     t0 = time.perf_counter()

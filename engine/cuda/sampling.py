@@ -12,6 +12,7 @@ without sorting the vocabulary.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,6 +68,23 @@ def pack_params(params: SamplingParams, seed: int, counter: int = 0) -> np.ndarr
     return rec
 
 
+@dataclass(frozen=True)
+class Support:
+    """One row's selected support: its `SampleState` and the per-slice sums of its weights (`DrawPartial`
+    [parts]). A sampler keeps one; a speculative round keeps one per draft and target row."""
+
+    state: DeviceBuffer
+    draw_partials: DeviceBuffer
+
+    def buffers(self) -> tuple[DeviceBuffer, DeviceBuffer]:
+        return self.state, self.draw_partials
+
+
+def alloc_support(card: CudaCard, parts: int, label: str) -> Support:
+    return Support(card.alloc(STATE_DTYPE.itemsize, f"{label}.state"),
+                   card.alloc(PARTIAL_BYTES * parts, f"{label}.draw_partials"))
+
+
 class GpuSampler:
     """The device buffers of one sampling slot over a `vocab`-sized logits row, and its launches.
 
@@ -84,9 +102,8 @@ class GpuSampler:
         self.vocab = vocab
         self.parts = parts if parts is not None else max(1, min(2 * card.sm_count, -(-vocab // SAMPLE_THREADS)))
         self.params = card.alloc(PARAMS_DTYPE.itemsize, f"{label}.params")
-        self.state = card.alloc(STATE_DTYPE.itemsize, f"{label}.state")
+        self.support = alloc_support(card, self.parts, label)
         self.partials = card.alloc(PARTIAL_BYTES * self.parts, f"{label}.partials")
-        self.draw_partials = card.alloc(PARTIAL_BYTES * self.parts, f"{label}.draw_partials")
         self.hist = card.alloc(8 * HIST_BINS, f"{label}.hist")
         self.counts = card.alloc(4 * vocab, f"{label}.counts")
         self.scores = card.alloc(4 * vocab, f"{label}.scores")
@@ -104,13 +121,14 @@ class GpuSampler:
         """Forget the token history (new request)."""
         self.counts.fill_zero(stream)
 
-    def count_tokens(self, ids: DeviceBuffer, n: int, stream: Stream | None = None) -> None:
-        """Add n token ids (int32 on the device) to the history the penalties see."""
+    def count_tokens(self, ids: DeviceBuffer, n: int, stream: Stream | None = None, delta: int = 1) -> None:
+        """Add n token ids (int32 on the device; ids outside the vocabulary, e.g. -1 padding, are skipped) to the
+        history the penalties see, `delta` times each (-1 takes them back)."""
         if n < 1 or ids.nbytes < 4 * n:
             raise ValueError(f"{n} ids need {4 * n} bytes, the buffer has {ids.nbytes}")
         blocks = min(-(-n // SAMPLE_THREADS), 4 * self.card.sm_count)
         self.card.kernel("token_counts_add").launch(
-            blocks, SAMPLE_THREADS, self.counts, ids, np.int32(n), np.int32(self.vocab), stream=stream
+            blocks, SAMPLE_THREADS, self.counts, ids, np.int32(n), np.int32(self.vocab), np.int32(delta), stream=stream
         )
 
     def sample(self, logits: DeviceBuffer, stream: Stream | None = None) -> None:
@@ -118,23 +136,34 @@ class GpuSampler:
 
         The pick is added to the counts and, unless greedy, the draw counter advances by one.
         """
+        self.select(logits, self.scores, self.support, self.token, stream)
+        self.draw(self.scores, self.support, self.counts, self.token, stream)
+
+    def select(self, logits: DeviceBuffer, scores: DeviceBuffer, support: Support, token: DeviceBuffer,
+               stream: Stream | None = None) -> None:
+        """The first part of `sample`: penalties (by this sampler's counts) into `scores` (which may be
+        `logits` itself), then the support of the request's filters into `support`. A greedy request's
+        pick, or -1 for a row with NaN/+inf, is written to `token` here already."""
         if logits.nbytes < 4 * self.vocab:
             raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
         k = self.card.kernel
         v, parts, t = np.int32(self.vocab), np.int32(self.parts), SAMPLE_THREADS
-        k("sample_scores").launch(
-            self.parts, t, logits, self.counts, self.params, self.scores, self.partials, v, stream=stream
-        )
+        k("sample_scores").launch(self.parts, t, logits, self.counts, self.params, scores, self.partials, v, stream=stream)
         k("sample_prepare").launch(
-            1, t, self.partials, parts, self.params, self.state, self.hist, self.counts, self.token, stream=stream
+            1, t, self.partials, parts, self.params, support.state, self.hist, self.counts, token, stream=stream
         )
         for slot in range(SELECT_SLOTS):
-            k("sample_hist").launch(self.parts, t, self.scores, v, self.state, self.hist, np.int32(slot), stream=stream)
-            k("sample_select").launch(1, t, self.params, self.state, self.hist, np.int32(slot), stream=stream)
-        k("sample_draw_partial").launch(self.parts, t, self.scores, v, self.state, self.draw_partials, stream=stream)
-        k("sample_draw").launch(
-            1, t, self.scores, v, self.params, self.state, self.draw_partials, parts, self.counts, self.token,
-            stream=stream,
+            k("sample_hist").launch(self.parts, t, scores, v, support.state, self.hist, np.int32(slot), stream=stream)
+            k("sample_select").launch(1, t, self.params, support.state, self.hist, np.int32(slot), stream=stream)
+        k("sample_draw_partial").launch(self.parts, t, scores, v, support.state, support.draw_partials, stream=stream)
+
+    def draw(self, scores: DeviceBuffer, support: Support, counts: DeviceBuffer, token: DeviceBuffer,
+             stream: Stream | None = None) -> None:
+        """The second part of `sample`: one draw from the selected support into `token`, added to `counts`
+        (a speculative draft's pick goes to a scratch count, since it may be rejected)."""
+        self.card.kernel("sample_draw").launch(
+            1, SAMPLE_THREADS, scores, np.int32(self.vocab), self.params, support.state, support.draw_partials,
+            np.int32(self.parts), counts, token, stream=stream,
         )
 
     def argmax(self, logits: DeviceBuffer, stream: Stream | None = None, token: DeviceBuffer | None = None) -> None:
@@ -153,14 +182,12 @@ class GpuSampler:
 
     def read_state(self) -> np.ndarray:
         """The selection state of the last `sample` (a `STATE_DTYPE` record), for tests and debugging."""
-        return self.state.download(STATE_DTYPE, 1)[0]
+        return self.support.state.download(STATE_DTYPE, 1)[0]
 
     def read_params(self) -> np.ndarray:
         """The parameter record as the device holds it now (the counter advances with each draw)."""
         return self.params.download(PARAMS_DTYPE, 1)[0]
 
     def free(self) -> None:
-        for buf in (
-            self.params, self.state, self.partials, self.draw_partials, self.hist, self.counts, self.scores, self.token
-        ):
+        for buf in (self.params, *self.support.buffers(), self.partials, self.hist, self.counts, self.scores, self.token):
             buf.free()

@@ -79,9 +79,9 @@ class SlotDecoder:
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
                  kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1,
-                 speculate_sampled: bool = False, sparse: SparseProfile | None = None):
+                 sparse: SparseProfile | None = None):
         """`mtp`: the MTP head's weights on this card (which must run the whole model) to speculate with,
-        drafting `draft_tokens` per verify; `speculate_sampled`: sampled requests too (engine.cuda.speculative).
+        drafting `draft_tokens` per verify (greedy and sampled requests: engine.cuda.speculative).
         `sparse`: a calibrated profile for long prefill chunks of this card's attention layers
         (engine.cuda.sparse_prefill); None keeps every chunk dense."""
         if not 1 <= slots <= MAX_SLOTS:
@@ -111,7 +111,7 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
         self._warm_up()
-        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens, speculate_sampled)
+        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
                            if mtp is not None else None)
 
     @property

@@ -11,20 +11,14 @@ A round, for a slot whose trunk is fed token x_n and owes the head r rows (engin
 4. roll back: on j < K each GDN layer copies ring slot j back (no re-run), the trunk's position moves to
    just after x_n, d_1..d_j (KV rows past it are overwritten later), and rows 0..j are owed to the head.
 
-Acceptance, two ways:
-- plain-greedy requests (temperature 0, no penalties) decide on the card: drafts and targets are arg-maxes
-  written side by side, and one download of 2K+1 ids gives the host "accept while the draft equals the
-  target" (`greedy_accept`, the exact rule for point masses). Each round (head + verify + arg-maxes) is one
-  CUDA graph per (slot, owed rows).
-- every other request brings the K draft rows and K+1 target rows of logits to the host and applies
-  engine.generation.speculative_rule with the host `Sampler`: the exact min(1, p/q) rule with residual
-  resampling needs p(d), q(d) and max(p - q, 0) under the request's whole filter chain (penalties, top-k,
-  top-p, min-p), which the GPU sampler only ever forms implicitly; the host rule is the tested one and
-  the simplest correct choice. Its cost is (2K+1) x V fp32 per round, about 3 MB at K=1 for the real
-  vocabulary (~1 ms on the H200's PCIe, ~12 ms on the CMP's Gen1 x1), plus the host's distribution,
-  7-56 ms per row for 248K tokens on the 2-core dev machine (the sort behind top-p): far more than a
-  decode step. So it is opt-in (`speculate_sampled`); by default only plain-greedy requests speculate,
-  until the rule moves to the card.
+Acceptance, on the card either way (only token ids cross PCIe):
+- plain-greedy requests (temperature 0, no penalties): drafts and targets are arg-maxes written side by
+  side, and one download of 2K+1 ids gives the host "accept while the draft equals the target"
+  (`greedy_accept`, the exact rule for point masses).
+- every other request: the drafts are drawn from the head's rows and the exact min(1, p/q) rule with
+  residual resampling runs on the card (`GpuSpeculativeRule`, cuda_src/speculative_sampling.cu) under the
+  request's whole filter chain (penalties, top-k, top-p, min-p).
+Each round (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
 
 Only a step that feeds one slot alone speculates; a plain step (several slots batched, or a request that
 does not speculate) keeps every in-step head fed: its normed rows become owed rows, and a head owing
@@ -35,7 +29,6 @@ speculation until it is reset.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,11 +38,10 @@ from engine.cuda.gdn import GdnRing, alloc_gdn_ring
 from engine.cuda.mtp import OWED_ROWS, MtpCache, MtpHead
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
+from engine.cuda.speculative_sampling import GpuSpeculativeRule
 from engine.cuda.weights import MtpWeights
-from engine.generation.sampler import Sampler
 from engine.generation.slots import SlotRequest
-from engine.generation.speculative import DRAFT_TOKENS, SpeculationStats, speculation_rng
-from engine.generation.speculative_rule import dense_distribution, sample_dense, speculative_sampling
+from engine.generation.speculative import DRAFT_TOKENS, SpeculationStats
 
 F32 = 4
 
@@ -65,28 +57,16 @@ def greedy_accept(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:
     return [int(t) for t in drafts[:j]] + [int(targets[j])]
 
 
-@dataclass
-class _Request:
-    """A speculating request on one slot: greedy on the card, or the host rule with its sampler and draws."""
-
-    greedy: bool
-    history: list[int]  # what the penalties see; ends with the token fed at the current round
-    sampler: Sampler | None = None
-    rng: np.random.Generator | None = None
-
-
 class CudaSpeculator:
     """The MTP head, its per-slot state and the verify rounds for the slots of one `SlotDecoder`."""
 
     def __init__(self, fwd: ForwardPass, seqs: Sequence[DeviceSequence], samplers: Sequence[GpuSampler],
-                 weights: MtpWeights, draft_tokens: int = 1, speculate_sampled: bool = False):
-        """`speculate_sampled`: also speculate requests that need the host rule (all but plain greedy)."""
+                 weights: MtpWeights, draft_tokens: int = 1):
         if draft_tokens not in DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be one of {DRAFT_TOKENS}, got {draft_tokens}")
         if not samplers:
             raise ValueError("speculation needs the card with the LM head and the samplers")
         self.fwd, self.card, self.seqs, self.samplers, self.k = fwd, fwd.card, seqs, samplers, draft_tokens
-        self.speculate_sampled = speculate_sampled
         cfg = fwd.cfg
         self.head = MtpHead(fwd, weights, draft_tokens)
         self.caches = [MtpCache(self.card, cfg.d_model, cfg.n_head_kv, cfg.head_dim, weights.index, seq.capacity,
@@ -96,11 +76,12 @@ class CudaSpeculator:
             for s, seq in enumerate(seqs)
         ]
         self.picks = self.card.alloc(4 * (2 * draft_tokens + 1), "mtp.picks")  # drafts d_1..d_K, then targets t_0..t_K
+        self.rule = GpuSpeculativeRule(self.card, cfg.vocab_size, samplers[0].parts, draft_tokens)
         self._host_picks = self.card.pinned(2 * draft_tokens + 1, np.int32)
         # a round's per-step values, copied asynchronously: trunk [pos, n] | head [call][pos, n] | head ids | trunk id
         self._host_round = self.card.pinned(2 + 2 * draft_tokens + OWED_ROWS + 1, np.int32)
         self.stats = SpeculationStats()
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, bool] = {}  # slot → greedy (the arg-max rounds) or sampled (the card's rule)
         self._graphs: dict[tuple[object, ...], object] = {}
         self._seen: set[tuple[object, ...]] = set()
 
@@ -119,11 +100,7 @@ class CudaSpeculator:
         self._requests.pop(slot, None)
         if not request.speculative or request.host_logits or not self.caches[slot].in_step:
             return
-        params = request.params
-        if params.plain_greedy:
-            self._requests[slot] = _Request(True, list(request.history))
-        elif self.speculate_sampled:
-            self._requests[slot] = _Request(False, list(request.history), Sampler(params), speculation_rng(params.seed))
+        self._requests[slot] = request.params.plain_greedy
 
     def speculating(self, slot: int) -> bool:
         return slot in self._requests
@@ -154,9 +131,6 @@ class CudaSpeculator:
     def stepped(self, feeds: Mapping[int, int]) -> None:
         """After a plain step over `feeds` (hidden row b of the forward pass's `h` continues the b-th slot in
         order): every in-step head is owed that row, and the fed token completes its previous owed rows."""
-        for slot, token in feeds.items():  # the penalties of the host rule see plainly fed tokens too
-            if slot in self._requests:
-                self._requests[slot].history.append(token)
         order = sorted(feeds)
         kept = [slot for slot in order if self.caches[slot].in_step and self.caches[slot].owed_rows]
         if not kept:
@@ -182,26 +156,25 @@ class CudaSpeculator:
     def round(self, slot: int, token: int) -> list[int] | None:
         """Feed `token` and return the tokens it yields (accepted drafts + one), all but the last consumed by the
         slot's trunk; None when this slot does not speculate now (the caller takes a plain step)."""
-        req, c, seq = self._requests.get(slot), self.caches[slot], self.seqs[slot]
+        greedy, c, seq = self._requests.get(slot), self.caches[slot], self.seqs[slot]
         width = self.k + 1
-        if req is None or not c.in_step or not c.owed_rows:
+        if greedy is None or not c.in_step or not c.owed_rows:
             return None
         if seq.next_position + width > seq.capacity or not c.room(c.owed_rows):
             return None
         r = c.owed_rows
-        req.history.append(token)
         self._upload_round(slot, r, token)
-        if req.greedy:
+        if greedy:
             self._run(("greedy", slot, r), lambda: self._greedy_work(slot, r))
             self.picks.download_async(self._host_picks)
             self.card.stream.synchronize()
             drafts = [int(t) for t in self._host_picks[: self.k]]
             emitted = greedy_accept(drafts, self._host_picks[self.k :])
         else:
-            drafts, emitted = self._sampled(slot, r, token, req)
+            self._run(("sampled", slot, r), lambda: self._sampled_work(slot, r))
+            drafts, emitted = self.rule.read()
         accepted = len(emitted) - 1
         self._commit(slot, r, accepted, drafts)
-        req.history += drafts[:accepted]
         self.stats.add(self.k, accepted, len(emitted))
         return emitted
 
@@ -251,39 +224,18 @@ class CudaSpeculator:
         for t in range(k + 1):
             sampler.argmax(self.fwd.logits_row(t), token=self._pick(k + t))
 
-    def _sampled(self, slot: int, r: int, token: int, req: _Request) -> tuple[list[int], list[int]]:
-        """A round under the host rule: (drafts, emitted). Non-finite rows shorten the round (a failed draft row
-        ends the drafts; a failed target row ends what can be verified; a failed row 0 emits -1)."""
-        assert req.sampler is not None and req.rng is not None
-        c, head, k, v = self.caches[slot], self.head, self.k, self.fwd.cfg.vocab_size
-        drafts: list[int] = []
-        probs: list[np.ndarray] = []
-        self._run(("draft", slot, r), lambda: head.forward(r, c.rows(0), c.owed, head.ids, 0))
-        for i in range(k):
-            if i:
-                self._pick(i - 1).upload(np.asarray([drafts[-1]], np.int32))
-                self._run(("chain", slot, i), lambda i=i: head.forward(1, c.rows(i), head.out, self._pick(i - 1), i))
-            logits = head.logits_row(i).download(np.float32, v)
-            if not np.isfinite(logits).all():
-                break
-            q = dense_distribution(req.sampler, logits, req.history + drafts)
-            drafts.append(sample_dense(q, req.rng))
-            probs.append(q)
-        fed = [token] + drafts + [token] * (k - len(drafts))  # rows past the drafts are never accepted
-        self.fwd.ids.view(0, 4 * (k + 1)).upload(np.asarray(fed, np.int32))
-        self._run(("verify", slot), lambda: self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed))
-        rows = self.fwd.logits.download(np.float32, (k + 1, v))
-        finite = 0
-        while finite <= len(drafts) and np.isfinite(rows[finite]).all():
-            finite += 1
-        if finite == 0:
-            return drafts, [-1]
-        m = finite - 1  # drafts that can be verified
-        targets = [dense_distribution(req.sampler, rows[i], req.history + drafts[:i]) for i in range(m + 1)]
-        emitted = speculative_sampling(targets, drafts[:m], probs[:m], req.rng)
-        self.picks.view(0, 4 * len(emitted)).upload(np.asarray(emitted, np.int32))
-        self.samplers[slot].count_tokens(self.picks, len(emitted))  # the card's sampler sees the picks too
-        return drafts, emitted
+    def _sampled_work(self, slot: int, r: int) -> None:
+        """The device work of a sampled round (captured as one graph): drafts drawn from the head's rows, the
+        verify, the rule (emitted tokens and their count in `rule.out`)."""
+        c, head, sampler, k, rule = self.caches[slot], self.head, self.samplers[slot], self.k, self.rule
+        head.forward(r, c.rows(0), c.owed, head.ids, 0)
+        rule.draft(sampler, 0, head.logits_row(0))
+        for i in range(1, k):
+            head.forward(1, c.rows(i), head.out, rule.draft_id(i - 1), i)
+            rule.draft(sampler, i, head.logits_row(i))
+        self.fwd.ids.view(4, 4 * k).copy_from(rule.drafts)  # a failed draft (-1) embeds as NaN past its row
+        self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed)
+        rule.decide(sampler, [self.fwd.logits_row(t) for t in range(k + 1)])
 
     def _run(self, key: tuple[object, ...], work: Callable[[], None]) -> None:
         """Run `work` eagerly the first time (that loads its kernels), capture it the second, replay it after."""

@@ -1,13 +1,15 @@
 """MTP speculative decoding on the card (issue 13): greedy output with speculation equals plain greedy
-decoding, a verify's logits equal one-token decode logits of the same tokens, a rolled-back sequence
-equals one that never saw the rejected drafts, and the trained fixture's head is accepted on the card.
+decoding, sampled output keeps plain sampling's distribution, a verify's logits equal one-token decode
+logits of the same tokens, a rolled-back sequence equals one that never saw the rejected drafts, and the
+trained fixture's head is accepted on the card. (The card's acceptance rule on its own, with every filter:
+tests/gpu/test_speculative_sampling_gpu.py.)
 
 Models: a demo-shaped model whose head drafts well but not always (engine.generation.speculative_fixture:
 accept and reject paths both run) and the trained fixture (tests/fixtures/trained, head dim 128).
 
-Tolerances. A verify runs the K+1 tokens through the multi-row GEMV, the n-row norm and the prefill
-attention kernel where a decode step runs the one-row variants: the same sums in another order (fp32),
-which can move a Q8_1 rounding of the next matmul's input by one step. VERIFY_TOLERANCE (relative to the
+Tolerances. A verify runs the K+1 tokens through the multi-row GEMV and the n-row norm where a decode step
+runs the one-row variants (attention is the decode kernel either way): the same sums in another order
+(fp32), which can move a Q8_1 rounding of the next matmul's input by one step. VERIFY_TOLERANCE (relative to the
 largest logit) bounds that; tests/gpu/test_slots.py sees 1e-4 for batched against single GEMVs alone.
 Greedy tokens must agree wherever the plain run's top-2 margin exceeds 2x that tolerance.
 """
@@ -15,6 +17,7 @@ Greedy tokens must agree wherever the plain run's top-2 margin exceeds 2x that t
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,7 @@ from engine.generation.slots import SlotRequest
 from engine.generation.speculative_fixture import write_draft_friendly_model
 from engine.gguf.demo_model import DEMO_CONFIG, demo_vocab
 from engine.gguf.loader import load_model
+from tests.chi_square import same_distribution
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
 GREEDY = SamplingParams(temperature=0.0)
@@ -36,6 +40,7 @@ STATE_TOLERANCE = 1e-3  # GDN states after a rollback against a plain run (relat
 # The head on the card against the reference's head: the trunk rows it reads went through 4 layers of each
 # backend's rounding (test_cuda_backend.py measures that floor for random models at up to a few 1e-2).
 HEAD_TOLERANCE = 5e-2
+SAMPLED_RUNS = 600  # seeds per mode in the sampled-distribution test
 
 
 @pytest.mark.parametrize("n_tok", [2, 3])
@@ -44,7 +49,13 @@ def test_the_gdn_ring_holds_the_state_after_each_verify_token(card, rng, n_tok):
     state: ring slot t must equal the state after token t bit for bit (the same kernels do the same sums for
     that token), and the final state must be the plain one."""
     from engine.cuda.gdn import alloc_gdn_ring
-    from tests.gpu.test_gdn import SMALL, DeviceGdn, random_layer, random_projections, random_state
+    from tests.gpu.test_gdn import (
+        SMALL,
+        DeviceGdn,
+        random_layer,
+        random_projections,
+        random_state,
+    )
 
     layer, state = random_layer(SMALL, rng), random_state(SMALL, rng)
     proj = random_projections(SMALL, n_tok, rng)
@@ -176,20 +187,30 @@ def test_verify_logits_equal_one_token_decode_logits_and_rollback_is_exact(model
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_sampled_requests_speculate_with_the_host_rule(models, k):
+def test_sampled_speculation_keeps_the_token_distribution(models, k):
+    """Sampled requests speculate by default, on the card's rule: the first three tokens after a prompt (the
+    first drawn by the prefill, then speculative rounds) have the same distribution as plain sampling's
+    (two-sample chi-square at α ≈ 1e-3 over SAMPLED_RUNS seeds each), and a seeded request repeats."""
     loaded = models["friendly"]
     prompt = prompt_of(loaded)
-    gpu = CudaBackend(loaded, context=256, chunk=32, draft_tokens=k, speculate_sampled=True)
+    params = SamplingParams(temperature=1.0, top_k=3, presence_penalty=0.3)
+    gpu = CudaBackend(loaded, context=256, chunk=32, draft_tokens=k)
     try:
-        out, _ = decode(gpu, prompt, 48, SlotRequest(SamplingParams(temperature=0.8, top_k=40, seed=5), prompt))
-        again, _ = decode(gpu, prompt, 48, SlotRequest(SamplingParams(temperature=0.8, top_k=40, seed=5), prompt))
+        runs = {}
+        for speculative in (False, True):
+            runs[speculative] = Counter(
+                tuple(decode(gpu, prompt, 3, SlotRequest(dataclasses.replace(params, seed=seed), prompt,
+                                                         speculative=speculative))[0])
+                for seed in range(SAMPLED_RUNS))
         stats = gpu.speculation_stats
+        seeded = SlotRequest(dataclasses.replace(params, seed=5), prompt)
+        once, again = (decode(gpu, prompt, 48, seeded)[0] for _ in range(2))
     finally:
         gpu.close()
-    print(f"sampled K={k}: {stats.summary()}")
-    assert all(0 <= t < loaded.config.vocab_size for t in out)
-    assert stats.rounds > 0 and stats.accepted > 0
-    assert out == again  # seeded: the GPU sampler's first pick and the host rule's draws repeat
+    print(f"sampled K={k}: {stats.summary()}; plain {runs[False].most_common(4)}, speculative {runs[True].most_common(4)}")
+    assert stats.rounds > 0 and 0 < stats.accepted < stats.rounds * k  # both branches of the rule ran
+    assert same_distribution(runs[False], runs[True])
+    assert once == again and all(0 <= t < loaded.config.vocab_size for t in once)
 
 
 def test_the_head_drafts_like_the_reference_head(models):

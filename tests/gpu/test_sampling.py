@@ -26,6 +26,7 @@ import pytest
 
 from engine.cuda.sampling import GpuSampler
 from engine.generation.sampler import Sampler, SamplingParams
+from tests.chi_square import critical_value
 from tests.gpu.gpu_fixtures import assert_equal
 
 VOCAB = 248320
@@ -287,12 +288,6 @@ def test_support_matches_reference(card, rng, sampler, name):
     assert token in set(expected.tolist()), f"drawn token {token} outside the support"
 
 
-def chi_square_critical(df: int, z: float = CHI2_Z) -> float:
-    """Upper quantile of chi-square(df) by the Wilson-Hilferty approximation (good for df >= 1 at this tail)."""
-    h = 2.0 / (9.0 * df)
-    return df * (1.0 - h + z * np.sqrt(h)) ** 3
-
-
 def chi_square(observed: dict[int, int], ids: np.ndarray, probs: np.ndarray, n: int) -> tuple[float, int]:
     """Statistic and degrees of freedom; ids expected fewer than 5 times are pooled into one bin."""
     expected = n * probs
@@ -338,7 +333,7 @@ def test_draws_follow_the_reference_distribution(card, rng, sampler, name):
     stat, df = chi_square(observed, ids, probs, DRAWS)
     if df == 0:  # a single bin: every draw is the one token (checked above)
         return
-    limit = chi_square_critical(df)
+    limit = critical_value(df, CHI2_Z)
     top = sorted(observed.items(), key=lambda kv: -kv[1])[:5]
     expect = {int(i): round(DRAWS * p, 1) for i, p in zip(ids[:5], probs[:5])}
     assert stat <= limit, f"{name}: chi-square {stat:.1f} > {limit:.1f} (df {df}); top drawn {top}, expected {expect}"

@@ -19,6 +19,7 @@ from engine.cuda.mtp_bench import run_mtp_bench, tokens_per_round
 from engine.cuda.sequence import GdnState
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.speculative import greedy_accept
+from engine.cuda.speculative_sampling import GpuSpeculativeRule
 from engine.cuda.weights import has_mtp, upload_mtp_weights, upload_weights
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
@@ -34,12 +35,11 @@ def fixture():
     return load_model(FIXTURE)
 
 
-def decoder(fixture, k: int, slots: int = 2, sampled: bool = True) -> tuple[FakeCard, SlotDecoder]:
+def decoder(fixture, k: int, slots: int = 2) -> tuple[FakeCard, SlotDecoder]:
     card = FakeCard()
     weights = upload_weights(card, fixture.file, fixture.config)
     mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)
-    return card, SlotDecoder(card, fixture.config, weights, context=96, slots=slots, chunk=16, mtp=mtp, draft_tokens=k,
-                             speculate_sampled=sampled)
+    return card, SlotDecoder(card, fixture.config, weights, context=96, slots=slots, chunk=16, mtp=mtp, draft_tokens=k)
 
 
 @pytest.mark.parametrize("drafts, targets, emitted", [
@@ -148,19 +148,30 @@ def test_a_verify_attends_with_the_decode_kernel_one_grid_column_per_token(fixtu
     assert grids.count(3 * cfg.n_head) == len(cfg.attention_layers)  # its merges, one row per (token, head)
 
 
-def test_sampled_rounds_use_the_host_rule_and_count_the_picks(fixture):
-    card, dec = decoder(fixture, 1)
+@pytest.mark.parametrize("k", [1, 2])
+def test_sampled_rounds_run_the_rule_on_the_card(fixture, k):
+    """A sampled round draws, verifies and decides on the card; the host reads the drafts, the emitted tokens
+    and their count (set here as the kernels would have written them) and keeps the books as for greedy."""
+    card, dec = decoder(fixture, k)
+    spec, seq = dec.speculator, dec.seqs[1]
     dec.prefill_slot(1, [3, 4, 5])
-    dec.begin(1, SlotRequest(SamplingParams(temperature=0.7, seed=3), [3, 4, 5]))
-    for _ in range(3):  # the stand-in's logits are all zero: p = q = uniform, every draft is accepted
-        assert len(dec.step({1: 9})[1].tokens) == 2
-    assert dec.seqs[1].next_position == 3 + 2 * 3
-    assert sum(name == "token_counts_add" for name, *_ in card.launches) == 3 + 1  # the prompt, then each round
-    dec.prefill_slot(0, [1])
-    dec.begin(0, SlotRequest(GREEDY, [1]))
-    dec.step({0: 2, 1: 8})  # a plain batched step: the host rule's history still sees the fed token
-    history = dec.speculator._requests[1].history
-    assert len(history) == 3 + 3 * 2 + 1 and history[-1] == 8  # prompt, (fed + accepted) per round, then 8
+    dec.begin(1, SlotRequest(SamplingParams(temperature=0.7, top_p=0.9, presence_penalty=0.5, seed=3), [3, 4, 5]))
+    assert spec.speculating(1)
+    drafts = list(range(30, 30 + k))
+    card.launches.clear()
+    spec.rule.out.upload(np.asarray(drafts + drafts + [40] + [3, k, k + 1, 0], np.int32))  # all accepted + bonus
+    pick = dec.step({1: 9})[1]
+    assert pick.tokens == (*drafts, 40) and pick.drafted == k
+    names = [name for name, *_ in card.launches]
+    assert names.count("spec_row_dist") == 2 * k + 1 and names.count("spec_accept") == k
+    assert names.count("spec_final") == k + 1 and names.count("sample_draw") == k  # the drafts' draws only
+    assert names.count("token_counts_add") == 2 * (k - 1) + 2 * k + 1  # drafts before later rows, the emitted
+    assert not any(name.startswith("argmax") for name in names)
+    assert seq.next_position == 3 + k + 1
+    spec.rule.out.upload(np.asarray(drafts + [50] + [-1] * k + [3, 0, 1, 0], np.int32))  # d_1 rejected: residual
+    pick = dec.step({1: 40})[1]
+    assert pick.tokens == (50,) and pick.drafted == k
+    assert seq.next_position == 3 + k + 2 and spec.stats.accepted == k and spec.stats.rounds == 2
 
 
 def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture):
@@ -185,13 +196,13 @@ def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture)
     assert cache.in_step and cache.position + cache.owed_rows == dec.seqs[0].next_position
 
 
-def test_sampled_requests_speculate_only_when_asked(fixture):
-    _, dec = decoder(fixture, 1, sampled=False)
+def test_every_request_speculates_unless_it_opts_out(fixture):
+    _, dec = decoder(fixture, 1)
     dec.prefill_slot(0, [1, 2, 3])
     dec.begin(0, SlotRequest(SamplingParams(temperature=0.7, seed=1), [1, 2, 3]))
-    assert not dec.speculator.speculating(0) and dec.step({0: 4})[0].extra == ()
-    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3]))
     assert dec.speculator.speculating(0)
+    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3], speculative=False))
+    assert not dec.speculator.speculating(0) and dec.step({0: 4})[0].extra == ()
 
 
 def test_no_round_past_the_context(fixture):
@@ -201,8 +212,10 @@ def test_no_round_past_the_context(fixture):
     assert dec.step({0: 5})[0].extra == () and dec.seqs[0].next_position == 95
 
 
-def test_bench_driver_runs_and_projects(fixture):
+def test_bench_driver_runs_and_projects(fixture, monkeypatch):
     assert tokens_per_round(0.5, 1) == 1.5 and tokens_per_round(0.5, 2) == 1.75
+    # the stand-in runs no kernels: its sampled rounds report a rejected first draft
+    monkeypatch.setattr(GpuSpeculativeRule, "read", lambda self: ([7] * self.k, [9]))
     card = FakeCard()
     weights = upload_weights(card, fixture.file, fixture.config)
     mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)

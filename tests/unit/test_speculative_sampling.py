@@ -1,15 +1,14 @@
 """Speculative sampling keeps the target distribution at temperature > 0, and the tests can tell a wrong rule.
 
-Each statistical check is a seeded chi-square goodness-of-fit test at α ≈ 1e-3 (critical value from the
-Wilson–Hilferty approximation, no scipy). It is run against the real rule (must pass) and against
-deliberately wrong ones written here (must fail): the anchor's greedy verify (accept only the target's
+Each statistical check is a seeded chi-square goodness-of-fit test at α ≈ 1e-3 (tests/chi_square.py). It is
+run against the real rule (must pass) and against deliberately wrong ones written here (must fail): the anchor's greedy verify (accept only the target's
 arg-max, greedy replacement and bonus) and "resample from p instead of the residual on a rejection".
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -17,26 +16,13 @@ import pytest
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.speculative import MtpSpeculator
 from engine.generation.speculative_fixture import draft_friendly_model
-from engine.generation.speculative_rule import dense_distribution, sample_dense, speculative_sampling
+from engine.generation.speculative_rule import (
+    dense_distribution,
+    sample_dense,
+    speculative_sampling,
+)
 from engine.generation.speculative_state import MtpTrail
-
-Z_999 = 3.0902  # the standard normal's 0.999 quantile
-
-
-def chi_square_fits(counts: Mapping, expected: Mapping, n: int) -> bool:
-    """Goodness of fit of `counts` (n samples) to the probabilities `expected`; cells expecting < 5 are pooled."""
-    big = [c for c, p in expected.items() if p * n >= 5]
-    small_p = 1.0 - sum(expected[c] for c in big)
-    observed = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
-    want = [expected[c] * n for c in big] + [small_p * n]
-    if small_p * n < 5:  # nothing worth a cell: the pooled rest must then be (almost) empty
-        observed, want = observed[:-1], want[:-1]
-        if n - sum(observed) > 5:
-            return False
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, want))
-    df = len(want) - 1
-    critical = df * (1 - 2 / (9 * df) + Z_999 * np.sqrt(2 / (9 * df))) ** 3
-    return stat < critical
+from tests.chi_square import chi_square_fits
 
 
 def greedy_verify(targets: Sequence[np.ndarray], drafts: Sequence[int], draft_probs, rng) -> list[int]:

@@ -118,7 +118,7 @@ class Sampler:
         if ids.size == 0:
             raise ValueError("no token has a finite logit")
         if 0 < p.top_k < ids.size:
-            ids = ids[np.argpartition(-scores[ids], p.top_k - 1)[: p.top_k]]
+            ids = _top_k(ids, scores[ids], p.top_k)
         scaled = scores[ids] / p.temperature
         weights = np.exp(scaled - scaled.max())  # the best token weighs exactly 1
         total = weights.sum()
@@ -141,6 +141,14 @@ class Sampler:
         cdf = np.cumsum(probs)
         pick = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
         return int(ids[min(pick, ids.size - 1)])
+
+
+def _top_k(ids: np.ndarray, scores: np.ndarray, k: int) -> np.ndarray:
+    """The k best of `ids` (ascending) by score, ties at the boundary to the lowest ids: a prefix of the
+    stable descending sort, as every filter here keeps (and the GPU sampler's radix select does)."""
+    kth = np.partition(scores, scores.size - k)[scores.size - k]
+    above = ids[scores > kth]
+    return np.concatenate([above, ids[scores == kth][: k - above.size]])
 
 
 def _descending_head(weights: np.ndarray, mass: float | None, first: int = 1024) -> np.ndarray:

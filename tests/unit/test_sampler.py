@@ -65,6 +65,14 @@ def test_top_k_restricts_support_to_the_k_best() -> None:
     np.testing.assert_allclose(freq[ids], p, atol=0.02)
 
 
+def test_top_k_breaks_a_tie_at_the_boundary_by_lowest_id() -> None:
+    """Like the GPU sampler (and every other filter here): the support is a prefix of the stable sort."""
+    logits = np.array([1.0, 3.0, 2.0, 2.0, 0.5, 2.0, 2.0])
+    for k, want in ((2, {1, 2}), (3, {1, 2, 3}), (4, {1, 2, 3, 5})):
+        ids, _ = Sampler(SamplingParams(top_k=k)).distribution(logits)
+        assert set(ids.tolist()) == want
+
+
 @pytest.mark.parametrize(("top_p", "kept"), [(0.45, 1), (0.6, 2), (0.8, 3), (0.9, 4), (0.97, 5), (1.0, 5)])
 def test_top_p_keeps_smallest_prefix_reaching_the_mass(top_p: float, kept: int) -> None:
     probs = [0.1, 0.5, 0.05, 0.25, 0.1]  # sorted ids 1, 3, 0, 4, 2: cumulative 0.5, 0.75, 0.85, 0.95, 1

@@ -113,7 +113,7 @@ def _mtp(args: argparse.Namespace, depth: int) -> int:
     finally:
         card.close()
     _emit(args, {"gpu": gpu, **result, "fixture_acceptance": fixture})
-    print(render_mtp(result), file=sys.stderr)
+    print(render_mtp(result, fixture), file=sys.stderr)
     return 0
 
 

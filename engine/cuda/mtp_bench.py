@@ -148,7 +148,10 @@ def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: 
 def fixture_acceptance(path: str, draft_tokens: int = 1, length: int = 256, samples: int = 10, seed: int = 0) -> dict[str, Any]:
     """Greedy MTP acceptance of a trained fixture (tests/fixtures/trained) on the CUDA backend, decoding the
     answers of `samples` arith prompts of `length` tokens (the task its head learned; the reference's
-    numbers in the fixture's README are measured the same way). Opens and closes its own card."""
+    numbers in the fixture's README are measured the same way), and the end-to-end decode speed of the
+    answers of as many copy prompts with and without speculation: a trained head on the card, measured (a
+    model this small is bound by launch latency, so the ratio says little about a 9B). Opens and closes
+    its own card."""
     import numpy as np
 
     from engine.cuda.backend import CudaBackend
@@ -161,27 +164,52 @@ def fixture_acceptance(path: str, draft_tokens: int = 1, length: int = 256, samp
     loaded = load_model(path)
     tokenizer = Tokenizer.from_model_file(loaded.file)
     backend = CudaBackend(loaded, context=length + 64, draft_tokens=draft_tokens)
+    builder = SampleBuilder(lambda text: tokenizer.encode(text, parse_special=False))
+
+    def run(task: str, speculative: bool) -> tuple[int, float]:
+        """(answer tokens, seconds decoding them) over the task's samples (the same prompts every call)."""
+        rng = np.random.default_rng([seed, sum(map(ord, task)), length])
+        tokens, seconds = 0, 0.0
+        for _ in range(samples):
+            sample = builder.sample(task, rng, length)
+            backend.reset_slot(0)
+            backend.prefill_slot(0, sample.prompt_ids)
+            t0 = time.perf_counter()
+            tokens += sum(1 for _ in decode_tokens(backend, 0, SamplingParams(temperature=0.0), sample.prompt_ids,
+                                                   len(sample.answer_ids), (), lambda: False, speculative))
+            seconds += time.perf_counter() - t0
+        return tokens, seconds
+
     try:
         stats = backend.speculation_stats
         if stats is None:
             raise RigllmError(f"{path} has no MTP head")
-        builder = SampleBuilder(lambda text: tokenizer.encode(text, parse_special=False))
-        rng = np.random.default_rng([seed, sum(map(ord, "arith")), length])
-        for _ in range(samples):
-            sample = builder.sample("arith", rng, length)
-            backend.reset_slot(0)
-            backend.prefill_slot(0, sample.prompt_ids)
-            for _ in decode_tokens(backend, 0, SamplingParams(temperature=0.0), sample.prompt_ids,
-                                   len(sample.answer_ids), (), lambda: False):
-                pass
-        return {"fixture": path, "task": "arith", "length": length, "samples": samples, "draft_tokens": draft_tokens,
-                "acceptance": stats.acceptance_rate, "tokens_per_verify": stats.tokens_per_verify, "rounds": stats.rounds}
+        run("arith", True)
+        result = {"fixture": path, "task": "arith", "length": length, "samples": samples,
+                  "draft_tokens": draft_tokens, "acceptance": stats.acceptance_rate,
+                  "tokens_per_verify": stats.tokens_per_verify, "rounds": stats.rounds}
+        for speculative in (False, True):
+            run("copy", speculative)  # warm-up: captures the graphs
+        before = (stats.rounds, stats.accepted)
+        speed = {}
+        for speculative in (False, True):
+            tokens, seconds = run("copy", speculative)
+            speed["speculative" if speculative else "plain"] = tokens / seconds
+        rounds, accepted = stats.rounds - before[0], stats.accepted - before[1]
+        result["copy_decode_tokens_per_s"] = {**speed, "acceptance": accepted / max(1, rounds * draft_tokens)}
+        return result
     finally:
         backend.close()
 
 
-def render_mtp(r: dict[str, Any]) -> str:
-    lines = [f"MTP on {r['shape']} at depth {r['depth']}: plain decode {r['plain_decode_tokens_per_s']:.1f} t/s greedy, "
+def render_mtp(r: dict[str, Any], fixture: dict[str, Any] | None = None) -> str:
+    lines = []
+    if fixture is not None:
+        speed = fixture["copy_decode_tokens_per_s"]
+        lines.append(f"trained fixture on this card, K={fixture['draft_tokens']}: arith acceptance "
+                     f"{fixture['acceptance']:.0%}; copy answers {speed['plain']:.0f} t/s plain, "
+                     f"{speed['speculative']:.0f} t/s speculative (acceptance {speed['acceptance']:.0%})")
+    lines += [f"MTP on {r['shape']} at depth {r['depth']}: plain decode {r['plain_decode_tokens_per_s']:.1f} t/s greedy, "
              f"{r['plain_sampled_decode_tokens_per_s']:.1f} t/s sampled"]
     for k, d in r["draft_tokens"].items():
         m, ms, p = d["measured"], d["measured_sampled"], d["projection"]

@@ -260,11 +260,12 @@ def _nbytes(obj: Any) -> int:
 
 
 def decode_tokens(backend: SlotBackend, slot: int, params: SamplingParams, history: Sequence[int], max_tokens: int,
-                  stop_ids: Collection[int], full: Callable[[], bool]) -> Iterator[int]:
+                  stop_ids: Collection[int], full: Callable[[], bool], speculative: bool = True) -> Iterator[int]:
     """Tokens of one slot after its prefill, chosen by the backend (on the card for CUDA): the single-sequence
     fast path of `TokenStream`. Stops before a stop id, at `max_tokens`, or when `full()` says the slot's
-    context is used up; a step's several tokens (speculative decoding) pass the same checks one by one."""
-    run = backend.begin(slot, SlotRequest(params, history)).tokens
+    context is used up; a step's several tokens (speculative decoding, unless `speculative` is False) pass
+    the same checks one by one."""
+    run = backend.begin(slot, SlotRequest(params, history, speculative=speculative)).tokens
     produced = 0
     if max_tokens < 1:
         return

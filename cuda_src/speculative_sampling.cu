@@ -92,10 +92,11 @@ spec_row_dist(const float* __restrict__ scores, int V, const SampleState* __rest
         mass += dpart[i].mass_gt;
         eq += (unsigned long long)dpart[i].n_eq;
     }
-    mass = block_sum_u64(mass);
+    mass = block_sum_u64(mass);  // both sums are valid in thread 0 only: it publishes what all threads need
     eq = block_sum_u64(eq);
-    __shared__ unsigned long long ntie;
+    __shared__ unsigned long long ntie, n_eq;
     if (threadIdx.x == 0) {
+        n_eq = eq;
         ntie = min(eq, (unsigned long long)st.final_ntie);
         const unsigned long long w_eq = ntie > 0ull ? fixed_weight(key_value(st.final_key), st.smax, st.inv_temp) : 0ull;
         out->total = mass + ntie * w_eq;
@@ -104,7 +105,7 @@ spec_row_dist(const float* __restrict__ scores, int V, const SampleState* __rest
         slice = slice_of(nparts, (unsigned long long*)&rank, [&](int b) { return (unsigned long long)dpart[b].n_eq; });
     }
     __syncthreads();
-    if (ntie == 0ull || ntie == eq) {  // no tied token in, or all of them
+    if (ntie == 0ull || ntie == n_eq) {  // no tied token in, or all of them
         if (threadIdx.x == 0) out->tie_cut = ntie == 0ull ? 0 : V;
         return;
     }

@@ -11,11 +11,12 @@
   reference backend's sparse prefill in the same KV format (kernel-rounding mode), fed in the same 64-token chunks
   (the vertical-slash estimate depends on the chunk), teacher-forced through the prompt's last logits and
   8 dense decode steps. Tolerance: test_cuda_backend's measured noise floor (the reference against
-  itself with perturbed embeddings, same chunks and profile) x FLOOR_FACTOR + FP32_AGREEMENT; measured on
-  the CPU (fp16 cache): floor 7e-3 at the prompt's end, while the patterns move those logits by 5.2e-2 from
-  dense (k3v3 / k8v3: floor 1.5e-2 / 1.7e-2, effect 0.15 / 0.22), so
-  the test also asserts the GPU's sparse logits are farther from its dense ones than the tolerance (the
-  patterns acted). The reference scores patterns on fp32 keys, the GPU on its fp16 cache: a ranking flip
+  itself with perturbed embeddings, same chunks and profile) x FLOOR_FACTOR + FP32_AGREEMENT, the largest
+  over the positions for the agreement. The test also asserts the patterns acted: the GPU's sparse logits
+  at the prompt's end are farther from its dense ones than the tolerance at that position. Measured on the
+  CPU with the retrained fixture (the A-shape profile): floor at the prompt's end 4.6e-3 / 3.5e-3 (f16 /
+  k3v3; largest over the positions 8.5e-3 / 7.8e-2, a decode step where 3-bit codes flip), effect of the
+  patterns there 0.11 / 0.13 (k8v3: floor max 6.7e-3, effect 0.11). The reference scores patterns on fp32 keys, the GPU on its fp16 cache: a ranking flip
   needs a near-tie within fp16 rounding among 6 key blocks (rare; it would show at the prompt's end).
 A random-weight model cannot serve the second check: its kernel-rounding floor (6e-2 on the demo model)
 is as large as the patterns' effect (5e-2).
@@ -130,8 +131,10 @@ def test_patterns_match_the_reference_sparse_prefill(fixture, kv, patterns):
     dense = gpu_logits(fixture, None, prompt, continuation, kv)
     errors = [rel_error(g, w) for g, w in zip(got, want)]
     limit = FLOOR_FACTOR * max(floor) + FP32_AGREEMENT
+    limit_at_end = FLOOR_FACTOR * floor[0] + FP32_AGREEMENT
     acted = rel_error(got[0], dense[0])
     print(f"{kv}: sparse GPU vs sparse reference: rel error max {max(errors):.2e}, at the prompt's end "
-          f"{errors[0]:.2e} (limit {limit:.2e}); sparse vs dense on the GPU at the prompt's end: {acted:.2e}")
+          f"{errors[0]:.2e} (limit {limit:.2e}); sparse vs dense on the GPU at the prompt's end: {acted:.2e} "
+          f"(limit there {limit_at_end:.2e})")
     assert max(errors) < limit, f"errors per position: {np.round(errors, 6)}"
-    assert acted > limit, "the patterns changed nothing measurable: were they applied?"
+    assert acted > limit_at_end, "the patterns changed nothing measurable: were they applied?"

@@ -1,4 +1,4 @@
-"""Chi-square checks at α ≈ 1e-3 for the sampling tests (critical values from the Wilson–Hilferty
+"""Chi-square checks (by default at α ≈ 1e-3) for the sampling tests (critical values from the Wilson–Hilferty
 approximation, no scipy): one sample against known probabilities, or two samples against each other."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from collections.abc import Hashable, Mapping
 import numpy as np
 
 Z_999 = 3.0902  # the standard normal's 0.999 quantile
+Z_1E6 = 4.75  # its 1 - 1e-6 quantile, for files that run many checks
 
 
 def critical_value(df: int, z: float = Z_999) -> float:
@@ -16,8 +17,9 @@ def critical_value(df: int, z: float = Z_999) -> float:
     return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
 
 
-def chi_square_fits(counts: Mapping, expected: Mapping, n: int) -> bool:
-    """Goodness of fit of `counts` (n samples) to the probabilities `expected`; cells expecting < 5 are pooled."""
+def chi_square_fits(counts: Mapping, expected: Mapping, n: int, z: float = Z_999) -> bool:
+    """Goodness of fit of `counts` (n samples) to the probabilities `expected` at the normal quantile `z` (a
+    file running many such checks takes a stricter one); cells expecting < 5 are pooled."""
     big = [c for c, p in expected.items() if p * n >= 5]
     small_p = 1.0 - sum(expected[c] for c in big)
     observed = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
@@ -27,7 +29,7 @@ def chi_square_fits(counts: Mapping, expected: Mapping, n: int) -> bool:
         if n - sum(observed) > 5:
             return False
     stat = sum((o - e) ** 2 / e for o, e in zip(observed, want))
-    return stat < critical_value(len(want) - 1)
+    return stat < critical_value(len(want) - 1, z)
 
 
 def same_distribution(a: Mapping[Hashable, int], b: Mapping[Hashable, int]) -> bool:

@@ -26,14 +26,13 @@ import pytest
 
 from engine.cuda.sampling import GpuSampler
 from engine.generation.sampler import Sampler, SamplingParams
-from tests.chi_square import critical_value
+from tests.chi_square import Z_1E6, critical_value
 from tests.gpu.gpu_fixtures import assert_equal
 
 VOCAB = 248320
 KEY_NEG_INF = 0x007FFFFF  # order_key(-inf) in sampling.cu
 KEY_POS_INF = 0xFF800000  # order_key(+inf)
 DRAWS = 20000
-CHI2_Z = 4.75  # one-sided normal quantile of p = 1e-6
 
 
 @pytest.fixture
@@ -333,7 +332,7 @@ def test_draws_follow_the_reference_distribution(card, rng, sampler, name):
     stat, df = chi_square(observed, ids, probs, DRAWS)
     if df == 0:  # a single bin: every draw is the one token (checked above)
         return
-    limit = critical_value(df, CHI2_Z)
+    limit = critical_value(df, Z_1E6)
     top = sorted(observed.items(), key=lambda kv: -kv[1])[:5]
     expect = {int(i): round(DRAWS * p, 1) for i, p in zip(ids[:5], probs[:5])}
     assert stat <= limit, f"{name}: chi-square {stat:.1f} > {limit:.1f} (df {df}); top drawn {top}, expected {expect}"

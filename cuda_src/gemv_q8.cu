@@ -144,7 +144,7 @@ RIGLLM_GEMV_Q8(6, 4, 1, 4)
 RIGLLM_GEMV_Q8(7, 4, 1, 4)
 RIGLLM_GEMV_Q8(8, 4, 1, 4)
 
-// Alternatives for T = 1 (decode) and T = 2 (a one-draft speculative verify, two-slot steps), timed against
+// Alternatives for T = 1 (decode), T = 2 (a one-draft speculative verify, two-slot steps) and T = 3, timed against
 // gemv_q8_t<T> by engine.cuda.microbench.gemv_sweep; gemv.py's GEMV_VARIANTS mirrors (name, R, THREADS) and
 // DEFAULT_GEMV names the one each T launches. Small decode matrices (4096 rows) fill the card only when warps
 // are many and each finishes in few load rounds, so the grid trades rows per warp (fewer rows: more warps) against loads in flight per lane (more: fewer rounds, more
@@ -169,3 +169,8 @@ RIGLLM_GEMV_Q8_VARIANT(2, r4_u2, 4, 2, 128, 5)
 RIGLLM_GEMV_Q8_VARIANT(2, r2_u4, 2, 4, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(2, r1_u8, 1, 8, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(2, r4_u1, 4, 1, 128, 7)
+// T = 3 (a two-draft verify): each weight word meets three activation words, so more rows per warp share
+// those L1 loads (R = 4 halves them per weight load against R = 2).
+RIGLLM_GEMV_Q8_VARIANT(3, r4_u1, 4, 1, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(3, r4_u2, 4, 2, 128, 4)
+RIGLLM_GEMV_Q8_VARIANT(3, r1_u4, 1, 4, 128, 7)

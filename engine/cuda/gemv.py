@@ -55,12 +55,18 @@ GEMV_VARIANTS = {
         "gemv_q8_t2_r1_u8": GemvLaunch(1, 128),
         "gemv_q8_t2_r4_u1": GemvLaunch(4, 128),
     },
+    3: {
+        "gemv_q8_t3": GemvLaunch(GEMV_ROWS_PER_WARP[3], GEMV_THREADS),
+        "gemv_q8_t3_r4_u1": GemvLaunch(4, 128),
+        "gemv_q8_t3_r4_u2": GemvLaunch(4, 128),
+        "gemv_q8_t3_r1_u4": GemvLaunch(1, 128),
+    },
 }
 # Chosen by `gemv_sweep` on the H200 (2026-11-30): T = 1 (…-gemv-sweep.json) 2293 us of GEMV per 9B decode
 # token against 2417 us for the first setting (r2_u4); T = 2 (…-gemv-sweep-t2.json) the plain kernel, 2404 us
 # per 2-token step (1.05x one token) against 2479-2830 us for the others. Re-run the sweep on the target card:
 # Volta's register file and SM count may rank them differently.
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2"}
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3"}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 

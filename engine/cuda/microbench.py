@@ -6,7 +6,7 @@
   the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
   repeats, replayed from a CUDA graph and timed with CUDA events; plus the whole step's GEMV bytes
   over its summed GEMV time;
-- GEMV sweep (`gemv_sweep`, `rigllm bench --synthetic 9b --gemv-sweep 1|2`): the same measurement for every
+- GEMV sweep (`gemv_sweep`, `rigllm bench --synthetic 9b --gemv-sweep 1|2|3`): the same measurement for every
   T=1 or T=2 kernel variant (gemv.GEMV_VARIANTS), to choose gemv.DEFAULT_GEMV.
 Projected numbers for other cards (e.g. the CMP 100-210) are fractions of these measured ceilings.
 """

@@ -60,6 +60,8 @@ GEMV_VARIANTS = {
         "gemv_q8_t3_r4_u1": GemvLaunch(4, 128),
         "gemv_q8_t3_r4_u2": GemvLaunch(4, 128),
         "gemv_q8_t3_r1_u4": GemvLaunch(1, 128),
+        "gemv_q8_t3_r1_u8": GemvLaunch(1, 128),
+        "gemv_q8_t3_r2_u4": GemvLaunch(2, 128),
     },
 }
 # Chosen by `gemv_sweep` on the H200 (2026-11-30): T = 1 (…-gemv-sweep.json) 2293 us of GEMV per 9B decode

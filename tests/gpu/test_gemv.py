@@ -1,4 +1,4 @@
-"""The DP4A GEMV (gemv_q8_t1..t8 and the T=1/T=2 variants) against numpy on the same quantized activations.
+"""The DP4A GEMV (gemv_q8_t1..t8 and the T=1, 2 and 3 variants) against numpy on the same quantized activations.
 
 Weights and activations are exactly representable Q8 data, so numpy in float64 gives the exact answer
 and the kernel may differ only by fp32 summation order: the bound is 1e-5 of sum_k |W x| per output

@@ -14,18 +14,11 @@
 // count, so decode launches can be captured in a CUDA graph.
 #include <cuda_fp16.h>
 #include "common.cuh"
+#include "decode_merge.cuh"
 #include "kv_cache.cuh"
+#include "kv_tile.cuh"
 
 #define KV_NEG_INF __int_as_float(0xff800000)
-
-constexpr int KV_SPLIT_ALIGN = 64;  // attention.cu's SPLIT_ALIGN (any value works with attn_merge_gate)
-
-__device__ __forceinline__ void kv_split_range(int kv_len, int n_splits, int split, int* start, int* end) {
-    int chunk = (kv_len + n_splits - 1) / n_splits;
-    chunk = (chunk + KV_SPLIT_ALIGN - 1) / KV_SPLIT_ALIGN * KV_SPLIT_ALIGN;
-    *start = split * chunk;
-    *end = min(*start + chunk, kv_len);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Append: encode T new rows of one cache side. Source: fp16 staging rows [n_head_kv][src_rows][Dh] (what
@@ -159,7 +152,7 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
     const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity);
     const int kv_head = blk.kv_head;
     int start, end;
-    kv_split_range(blk.kv_len, n_splits, blk.split, &start, &end);
+    flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
     const size_t first_row = blk.first_row;
     if (start >= end) {
         if (threadIdx.x < G) {
@@ -245,40 +238,16 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
         }
     }
 
-    if (lane == 0) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            sh_m[warp][g] = m[g];
-            sh_l[warp][g] = l[g];
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int i = 0; i < VPL; ++i) sh_o[warp][g][lane * VPL + i] = o[g][i];
-    __syncthreads();
     // Merge the warps into sh_o[0] (each element read and written by one thread), un-rotate, write.
-    for (int idx = threadIdx.x; idx < G * DWV; idx += blockDim.x) {
-        const int g = idx / DWV;
-        const int dim = idx - g * DWV;
-        float m_max = KV_NEG_INF;
-#pragma unroll
-        for (int w = 0; w < KV_DECODE_WARPS; ++w) m_max = fmaxf(m_max, sh_m[w][g]);
-        float acc = 0.f, l_sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < KV_DECODE_WARPS; ++w) {
-            if (sh_m[w][g] == KV_NEG_INF) continue;
-            const float f = __expf(sh_m[w][g] - m_max);
-            acc = fmaf(f, sh_o[w][g][dim], acc);
-            l_sum = fmaf(f, sh_l[w][g], l_sum);
-        }
-        sh_o[0][g][dim] = acc;
-        if (dim == 0) {
-            const size_t row = first_row + (size_t)g * n_splits;
-            part_m[row] = m_max;
-            part_l[row] = l_sum;
-        }
-    }
+    flash::merge_warp_states<KV_DECODE_WARPS, G, DWV, VPL>(
+        sh_m, sh_l, sh_o, m, l, o, [&](int g, int dim, float acc, float m_max, float l_sum) {
+            sh_o[0][g][dim] = acc;
+            if (dim == 0) {
+                const size_t row = first_row + (size_t)g * n_splits;
+                part_m[row] = m_max;
+                part_l[row] = l_sum;
+            }
+        });
     if constexpr (kv::rotated(VC)) {
         unrotate_shared(&sh_o[0][0][0], G * DWV / kv::BLOCK, signs, threadIdx.x, blockDim.x);
     } else {
@@ -292,17 +261,11 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
 }
 
 // ---------------------------------------------------------------------------------------------
-// Flash prefill, attention.cu's attn_prefill over stored codes: block = (query tile, KV head, split),
-// 256 threads, 64x64 score tiles, fp32 FMA. K chunks of 32 domain dims and V chunks of 16 keys are
-// expanded from codes into shared memory per tile (fp32, never written back); for a wht V side the
-// block's output rows are un-rotated 16 at a time through the V tile's shared memory before writing.
-constexpr int KV_PF_THREADS = 256;
-constexpr int KV_PF_BQ = 64;
-constexpr int KV_PF_BK = 64;
-constexpr int KV_PF_DC = 32;
-constexpr int KV_PF_VC = 16;
-constexpr int KV_PF_LD = KV_PF_BQ + 4;
-
+// Flash prefill, attention.cu's attn_prefill over stored codes: attention_tile.cuh's tile loop with
+// kv_tile.cuh's CodeCache (block = (query tile, KV head, split), FLASH_THREADS threads, 64x64 score
+// tiles, fp32 FMA). K chunks of 32 domain dims and V chunks of 16 keys are expanded from codes into
+// shared memory per tile; for a wht V side the block's output rows are un-rotated 16 at a time through
+// the V tile's shared memory before writing.
 template <int KC, int VC, int DH>
 __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side<KC, DH> k_side,
                                            kv::Side<VC, DH> v_side,
@@ -310,211 +273,14 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
                                            float* __restrict__ part_l, float* __restrict__ part_o, int n_tokens,
                                            int n_head, int n_head_kv, int n_splits, float scale,
                                            const float* __restrict__ tables) {
-    constexpr int DWK = kv::domain(KC, DH), DWV = kv::domain(VC, DH);
-    constexpr int DPT = DWV / 16;
-    constexpr int CW = DPT < 4 ? DPT : 4;
-    constexpr int NCH = DPT / CW;
-    static_assert(DH % 32 == 0 && DH <= 256, "head_dim must be a multiple of 32, at most 256");
-    __shared__ __align__(16) float p_tile[KV_PF_BK][KV_PF_LD];
-    __shared__ __align__(16) union {
-        struct {
-            float q[KV_PF_DC][KV_PF_LD];
-            float k[KV_PF_DC][KV_PF_LD];
-        } qk;
-        float v[KV_PF_VC][DWV];
-    } tile;
     __shared__ float k_centroids[16], v_centroids[16], signs[kv::BLOCK];
-
-    const int capacity = k_side.capacity;
-    const int group = n_head / n_head_kv;
-    const int n_rows = n_tokens * group;
-    const int n_qtiles = (n_rows + KV_PF_BQ - 1) / KV_PF_BQ;
-    const int qtile = blockIdx.x % n_qtiles;
-    const int kv_head = (blockIdx.x / n_qtiles) % n_head_kv;
-    const int split = blockIdx.x / (n_qtiles * n_head_kv);
-    const int pos = step[RIGLLM_STEP_POS];
-    int k0, k1;
-    kv_split_range(min(pos + n_tokens, capacity), n_splits, split, &k0, &k1);
-    const int r0 = qtile * KV_PF_BQ;
-    k1 = min(k1, pos + (min(r0 + KV_PF_BQ, n_rows) - 1) / group + 1);
-
-    const int tid = threadIdx.x;
-    const int tx = tid & 15;
-    const int ty = tid >> 4;
-    load_centroids(k_centroids, KC, tables);
-    load_centroids(v_centroids, VC, tables);
-    if (kv::rotated(VC) && tid < kv::BLOCK) signs[tid] = tables[kv::TABLE_SIGNS + tid];
+    const flash::DenseRows rows(step, n_tokens, n_head, n_head_kv, k_side.capacity, n_splits);
+    flash::stage_code_tables(k_centroids, v_centroids, signs, KC, VC, tables);
     __syncthreads();
-
-    float m[4], l[4], o[4][DPT];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        m[i] = KV_NEG_INF;
-        l[i] = 0.f;
-#pragma unroll
-        for (int e = 0; e < DPT; ++e) o[i][e] = 0.f;
-    }
-
-    const int ld_row = tid & 63;
-    const int ld_dim = (tid >> 6) * 8;
-    const kv::HeadRows<KC, DH> k_rows = k_side.head(kv_head);
-    const kv::HeadRows<VC, DH> v_rows = v_side.head(kv_head);
-    const float* q_src = nullptr;
-    if (r0 + ld_row < n_rows) {
-        const int r = r0 + ld_row;
-        q_src = q + ((size_t)(r / group) * n_head + kv_head * group + r % group) * DWK + ld_dim;
-    }
-
-    for (int kt = k0; kt < k1; kt += KV_PF_BK) {
-        float s[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s[i][j] = 0.f;
-
-        const int ld_key = kt + ld_row;
-        for (int dc = 0; dc < DWK; dc += KV_PF_DC) {
-            {
-                float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-                if (q_src != nullptr) {
-                    a = *reinterpret_cast<const float4*>(q_src + dc);
-                    b = *reinterpret_cast<const float4*>(q_src + dc + 4);
-                }
-                const float qv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                for (int e = 0; e < 8; ++e) tile.qk.q[ld_dim + e][ld_row] = qv[e];
-            }
-            {
-                float kv_vals[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-                if (ld_key < k1)
-                    kv::dequant<KC, 8>(k_rows.code_row(ld_key), k_rows.side_row(ld_key), dc + ld_dim, k_centroids,
-                                       kv_vals);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) tile.qk.k[ld_dim + e][ld_row] = kv_vals[e];
-            }
-            __syncthreads();
-#pragma unroll 4
-            for (int dd = 0; dd < KV_PF_DC; ++dd) {
-                const float4 a = *reinterpret_cast<const float4*>(&tile.qk.q[dd][ty * 4]);
-                const float4 b = *reinterpret_cast<const float4*>(&tile.qk.k[dd][tx * 4]);
-                const float av[4] = {a.x, a.y, a.z, a.w};
-                const float bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) s[i][j] = fmaf(av[i], bv[j], s[i][j]);
-            }
-            __syncthreads();
-        }
-
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = r0 + ty * 4 + i;
-            const int limit = r < n_rows ? min(pos + r / group + 1, k1) : 0;
-            float tile_max = KV_NEG_INF;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                s[i][j] = kt + tx * 4 + j < limit ? s[i][j] * scale : KV_NEG_INF;
-                tile_max = fmaxf(tile_max, s[i][j]);
-            }
-            tile_max = rigllm::group_max<16>(tile_max);
-            const float m_new = fmaxf(m[i], tile_max);
-            const float m_ref = m_new == KV_NEG_INF ? 0.f : m_new;
-            const float corr = __expf(m[i] - m_ref);
-            float row_sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float p = __expf(s[i][j] - m_ref);
-                p_tile[tx * 4 + j][ty * 4 + i] = p;
-                row_sum += p;
-            }
-#pragma unroll
-            for (int off = 8; off > 0; off >>= 1) row_sum += __shfl_xor_sync(RIGLLM_FULL_MASK, row_sum, off);
-            l[i] = fmaf(l[i], corr, row_sum);
-#pragma unroll
-            for (int e = 0; e < DPT; ++e) o[i][e] *= corr;
-            m[i] = m_new;
-        }
-
-        for (int vc = 0; vc < KV_PF_BK; vc += KV_PF_VC) {
-            __syncthreads();
-            for (int idx = tid; idx < KV_PF_VC * DWV / 8; idx += KV_PF_THREADS) {
-                const int c = idx / (DWV / 8);
-                const int dim = (idx - c * (DWV / 8)) * 8;
-                const int key = kt + vc + c;
-                float vv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-                if (key < k1)
-                    kv::dequant<VC, 8>(v_rows.code_row(key), v_rows.side_row(key), dim, v_centroids, vv);
-                *reinterpret_cast<float4*>(&tile.v[c][dim]) = make_float4(vv[0], vv[1], vv[2], vv[3]);
-                *reinterpret_cast<float4*>(&tile.v[c][dim + 4]) = make_float4(vv[4], vv[5], vv[6], vv[7]);
-            }
-            __syncthreads();
-#pragma unroll 2
-            for (int c = 0; c < KV_PF_VC; ++c) {
-                const float4 p4 = *reinterpret_cast<const float4*>(&p_tile[vc + c][ty * 4]);
-                const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                for (int ch = 0; ch < NCH; ++ch) {
-                    float vv[CW];
-                    if constexpr (CW == 4) {
-                        const float4 v4 = *reinterpret_cast<const float4*>(&tile.v[c][ch * 64 + tx * 4]);
-                        vv[0] = v4.x; vv[1] = v4.y; vv[2] = v4.z; vv[3] = v4.w;
-                    } else {
-                        const float2 v2 = *reinterpret_cast<const float2*>(&tile.v[c][tx * 2]);
-                        vv[0] = v2.x; vv[1] = v2.y;
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-#pragma unroll
-                        for (int e = 0; e < CW; ++e) o[i][ch * CW + e] = fmaf(pv[i], vv[e], o[i][ch * CW + e]);
-                }
-            }
-        }
-        __syncthreads();
-    }
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = r0 + ty * 4 + i;
-        if (r >= n_rows) continue;
-        const size_t row = ((size_t)(r / group) * n_head + kv_head * group + r % group) * n_splits + split;
-        if (tx == 0) {
-            part_m[row] = m[i];
-            part_l[row] = l[i];
-        }
-        if constexpr (!kv::rotated(VC)) {
-            if (m[i] == KV_NEG_INF) continue;
-#pragma unroll
-            for (int ch = 0; ch < NCH; ++ch)
-#pragma unroll
-                for (int e = 0; e < CW; ++e) part_o[row * DH + ch * CW * 16 + tx * CW + e] = o[i][ch * CW + e];
-        }
-    }
-    if constexpr (kv::rotated(VC)) {
-        // Output rows in passes of KV_PF_VC (= 16) through tile.v: rows 16p..16p+15 belong to ty in [4p, 4p+4).
-#pragma unroll 1
-        for (int pass = 0; pass < KV_PF_BQ / KV_PF_VC; ++pass) {
-            if ((ty >> 2) == pass) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int ch = 0; ch < NCH; ++ch)
-#pragma unroll
-                        for (int e = 0; e < CW; ++e)
-                            tile.v[(ty & 3) * 4 + i][ch * CW * 16 + tx * CW + e] = o[i][ch * CW + e];
-            }
-            unrotate_shared(&tile.v[0][0], KV_PF_VC * DWV / kv::BLOCK, signs, tid, KV_PF_THREADS);
-            for (int idx = tid; idx < KV_PF_VC * DH; idx += KV_PF_THREADS) {
-                const int lr = idx / DH;
-                const int dim = idx - lr * DH;
-                const int r = r0 + pass * KV_PF_VC + lr;
-                if (r >= n_rows) continue;
-                const size_t row = ((size_t)(r / group) * n_head + kv_head * group + r % group) * n_splits + split;
-                part_o[row * DH + dim] = tile.v[lr][dim];
-            }
-            __syncthreads();  // the next pass overwrites tile.v
-        }
-    }
+    const flash::CodeCache<KC, VC, DH> cache{k_side.head(rows.kv_head), v_side.head(rows.kv_head), k_centroids,
+                                             v_centroids, signs};
+    flash::prefill<DH, kv::domain(KC, DH), kv::domain(VC, DH)>(q, rows, cache,
+                                                               flash::Partials{part_m, part_l, part_o, n_splits}, scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,7 +299,7 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
     }
 
 #define KV_PREFILL_ENTRY(FMT, KC, VC, DH)                                                                      \
-    extern "C" __global__ void __launch_bounds__(KV_PF_THREADS, 2) kv_prefill_##FMT##_d##DH(                   \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS, 2) kv_prefill_##FMT##_d##DH(                   \
         const float* __restrict__ q, const unsigned char* __restrict__ k_codes, const __half* __restrict__ k_side, \
         const unsigned char* __restrict__ v_codes, const __half* __restrict__ v_side,                          \
         const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,                  \

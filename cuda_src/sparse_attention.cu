@@ -4,7 +4,8 @@
 // the index names. Its fp32 partials have attention.cu's layout, so attn_merge_gate combines them.
 //
 // Blocks are SP_BLOCK = 64 cache rows (absolute, by cache order: block b = rows [64b, 64b+64)). This is
-// also attention.cu's SPLIT_ALIGN, so every split starts on a block and a 64-key tile is one key block.
+// also attention_tile.cuh's FLASH_BK (= FLASH_SPLIT_ALIGN), so every split starts on a block and a 64-key
+// tile is one key block.
 // Per-step geometry, with pos = step[RIGLLM_STEP_POS] and T new tokens (rows pos..pos+T-1):
 //   qb0 = pos / 64         first query block of the chunk; index row i is absolute query block qb0 + i
 //   n_qb                   query blocks of the chunk; n_kb = ceil((pos + T) / 64) key blocks
@@ -29,16 +30,16 @@
 // over the order-preserving integer image of the scores) followed by a block scan that gives ties to
 // the lowest index, as the numpy reference does; no thread ever loops serially over a k.
 #include <cuda_fp16.h>
+#include "attention_tile.cuh"
 #include "common.cuh"
 
 #define SP_NEG_INF __int_as_float(0xff800000)  // -inf
 
 constexpr int SP_BLOCK = 64;
-constexpr int SP_THREADS = 256;
-constexpr int SP_DC = 32;
-constexpr int SP_VC = 16;
-constexpr int SP_LD = SP_BLOCK + 4;  // padded row of the transposed Q/K/P tiles (float4-aligned)
-constexpr int SP_MAX_KB = 4096;      // key blocks one selection ranks in shared memory: 262144 tokens
+constexpr int SP_THREADS = FLASH_THREADS;  // the tile kernels stage through attention_tile.cuh's roles
+constexpr int SP_MAX_KB = 4096;  // key blocks one selection ranks in shared memory: 262144 tokens
+
+static_assert(SP_BLOCK == FLASH_BK, "a key block must be one attention_tile.cuh key tile");
 
 enum : int { SP_DENSE = 0, SP_A_SHAPE = 1, SP_VERTICAL_SLASH = 2, SP_BLOCK_TOPK = 3 };
 
@@ -54,26 +55,6 @@ __device__ __forceinline__ SpGeometry sp_geometry(const int* __restrict__ step, 
     g.kv_len = g.pos + n_tokens;
     g.n_kb = (g.kv_len - 1) / SP_BLOCK + 1;
     return g;
-}
-
-// Keys [*start, *end) of split `split` (attention.cu's split_range: chunks rounded up to 64 keys).
-__device__ __forceinline__ void sp_split_range(int kv_len, int n_splits, int split, int* start, int* end) {
-    int chunk = (kv_len + n_splits - 1) / n_splits;
-    chunk = (chunk + SP_BLOCK - 1) / SP_BLOCK * SP_BLOCK;
-    *start = split * chunk;
-    *end = min(*start + chunk, kv_len);
-}
-
-// 8 consecutive fp16 values (16-byte aligned) as floats, in one load.
-__device__ __forceinline__ void sp_load8(const __half* __restrict__ p, float* out) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -134,58 +115,6 @@ __device__ void sp_select_top(const float* vals, int n, int k, int bit_offset, u
 }
 
 // ---------------------------------------------------------------------------------------------
-// S = Q·K^T for a 64x64 tile (thread (ty, tx) owns rows ty*4..+3, keys tx*4..+3), as attention.cu's
-// prefill: Q rows and K rows staged through shared memory SP_DC dims at a time. `q_src` / `k_src` point
-// at this thread's staging row (+ its 8 dims) or are null for rows/keys outside the tile (zeros).
-struct SpQK {
-    float q[SP_DC][SP_LD];
-    float k[SP_DC][SP_LD];
-};
-
-template <int DH>
-__device__ __forceinline__ void sp_score_tile(const float* q_src, const __half* k_src, SpQK& t, float s[4][4]) {
-    const int tid = threadIdx.x;
-    const int ld_row = tid & 63;
-    const int ld_dim = (tid >> 6) * 8;
-    const int tx = tid & 15, ty = tid >> 4;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s[i][j] = 0.f;
-    for (int dc = 0; dc < DH; dc += SP_DC) {
-        {
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-            if (q_src != nullptr) {
-                a = *reinterpret_cast<const float4*>(q_src + dc);
-                b = *reinterpret_cast<const float4*>(q_src + dc + 4);
-            }
-            const float qv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int e = 0; e < 8; ++e) t.q[ld_dim + e][ld_row] = qv[e];
-        }
-        {
-            float kv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-            if (k_src != nullptr) sp_load8(k_src + dc, kv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) t.k[ld_dim + e][ld_row] = kv[e];
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int dd = 0; dd < SP_DC; ++dd) {
-            const float4 a = *reinterpret_cast<const float4*>(&t.q[dd][ty * 4]);
-            const float4 b = *reinterpret_cast<const float4*>(&t.k[dd][tx * 4]);
-            const float av[4] = {a.x, a.y, a.z, a.w};
-            const float bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) s[i][j] = fmaf(av[i], bv[j], s[i][j]);
-        }
-        __syncthreads();
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Pooling for block top-k. Block = Dh threads, one dim each.
 // q_pool[h][i] = mean of q rows t of the chunk with (pos + t) / 64 == qb0 + i; grid = n_qb * n_head.
 extern "C" __global__ void sparse_pool_q(const float* __restrict__ q, const int* __restrict__ step,
@@ -225,7 +154,7 @@ __device__ __forceinline__ void sp_vs_tile(const float* __restrict__ q, const __
                                            const float* __restrict__ vs_row, float* __restrict__ vs_col,
                                            float* __restrict__ vs_diag, int n_tokens, int n_head, int n_head_kv,
                                            int capacity, int words, int n_kb_grid, float scale) {
-    __shared__ __align__(16) SpQK tiles;
+    __shared__ __align__(16) flash::QK tiles;
     __shared__ float red[2][SP_THREADS / 32];
     const SpGeometry g = sp_geometry(step, n_tokens);
     const int j = blockIdx.x % n_kb_grid, h = blockIdx.x / n_kb_grid;
@@ -238,7 +167,9 @@ __device__ __forceinline__ void sp_vs_tile(const float* __restrict__ q, const __
     const int key_ld = j * SP_BLOCK + ld_row;
     const __half* k_src = key_ld < g.kv_len ? k_cache + ((size_t)kv_head * capacity + key_ld) * DH + ld_dim : nullptr;
     float s[4][4];
-    sp_score_tile<DH>(q_src, k_src, tiles, s);
+    flash::score_tile<DH>(q_src, [&](int dc, float* kv) {
+        if (k_src != nullptr) flash::load_halves<8>(k_src + dc, kv);
+    }, tiles, s);
 
     const int kb_stride = words * 32;
     const int qbl = (g.pos + t_first) / SP_BLOCK;
@@ -406,13 +337,14 @@ extern "C" __global__ void __launch_bounds__(SP_THREADS) sparse_topk_select(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sparse flash prefill: block = (query block, query head, split), SP_THREADS threads. A block's query
-// rows are the chunk's tokens of ONE absolute query block of ONE head (up to 64; patterns are per head,
-// so the G heads of a KV head are not packed as in attention.cu), so every row reads the same key
-// blocks: the block walks its split's keys one 64-key block at a time and skips those its index row
-// does not name; inside a read block only the causal limit masks. The tile math (4x4 register tile,
-// online softmax per half-warp row, P·V through shared memory) is attention.cu's prefill; partial
-// rows are (t * n_head + h) * n_splits + split, as there, so attn_merge_gate merges them.
+// Sparse flash prefill: attention_tile.cuh's tile loop with its SparseRows over the fp16 cache. Block =
+// (query block, query head, split), FLASH_THREADS threads. A block's query rows are the chunk's tokens
+// of ONE absolute query block of ONE head (up to 64; patterns are per head, so the G heads of a KV head
+// are not packed as in attention.cu), so every row reads the same key blocks: the block walks its
+// split's keys one 64-key block at a time and skips those its index row does not name; inside a read
+// block only the causal limit masks. Partial rows are (t * n_head + h) * n_splits + split, as in
+// attention.cu, so attn_merge_gate merges them; with every block named, every row's arithmetic is
+// attn_prefill's.
 template <int DH>
 __device__ __forceinline__ void sparse_prefill(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                                const __half* __restrict__ v_cache, const int* __restrict__ step,
@@ -420,138 +352,14 @@ __device__ __forceinline__ void sparse_prefill(const float* __restrict__ q, cons
                                                float* __restrict__ part_l, float* __restrict__ part_o, int n_tokens,
                                                int n_head, int n_head_kv, int capacity, int n_splits, int words,
                                                int n_qb_grid, float scale) {
-    constexpr int DPT = DH / 16;
-    constexpr int CW = DPT < 4 ? DPT : 4;
-    constexpr int NCH = DPT / CW;
-    static_assert(DH % 32 == 0 && DH <= 256, "head_dim must be a multiple of 32, at most 256");
-    __shared__ __align__(16) float p_tile[SP_BLOCK][SP_LD];
-    __shared__ __align__(16) union {
-        SpQK qk;
-        float v[SP_VC][DH];
-    } tile;
     __shared__ unsigned row_bits[SP_MAX_KB / 32];
-
-    const SpGeometry g = sp_geometry(step, n_tokens);
-    const int qt = blockIdx.x % n_qb_grid;  // index row: query block qb0 + qt
-    const int h = (blockIdx.x / n_qb_grid) % n_head;
-    const int split = blockIdx.x / (n_qb_grid * n_head);
-    if (qt >= g.n_qb) return;
-    const int kv_head = h / (n_head / n_head_kv);
-    const int t0 = max(0, (g.qb0 + qt) * SP_BLOCK - g.pos);            // the query block's first token
-    const int t_end = min(n_tokens, (g.qb0 + qt + 1) * SP_BLOCK - g.pos);  // and one past its last
-    int k0, k1;
-    sp_split_range(g.kv_len, n_splits, split, &k0, &k1);
-    k1 = min(k1, g.pos + t_end);  // no row of the tile sees further
-    const int tid = threadIdx.x;
-
-    // The query block's index row, in shared memory for the key loop.
-    for (int w = tid; w < words; w += SP_THREADS) row_bits[w] = index[((size_t)h * g.n_qb + qt) * words + w];
+    const flash::SparseRows rows(step, row_bits, n_tokens, n_head, n_head_kv, capacity, n_splits, n_qb_grid);
+    if (!rows.active()) return;  // uniform over the block, before any barrier
+    rows.load_index(index, words, row_bits);
     __syncthreads();
-
-    // Row i of this thread is token t0 + ty*4 + i and sees keys below row_end + i (causal). Rows past
-    // the query block have q = 0 and are never written, so they need no mask of their own.
-    const int tx = tid & 15, ty = tid >> 4;
-    const int row_end = g.pos + t0 + ty * 4 + 1;
-    float m[4], l[4], o[4][DPT];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        m[i] = SP_NEG_INF;
-        l[i] = 0.f;
-#pragma unroll
-        for (int e = 0; e < DPT; ++e) o[i][e] = 0.f;
-    }
-    const int ld_row = tid & 63, ld_dim = (tid >> 6) * 8;
-    const float* q_src = t0 + ld_row < t_end ? q + ((size_t)(t0 + ld_row) * n_head + h) * DH + ld_dim : nullptr;
-    const __half* k_head = k_cache + (size_t)kv_head * capacity * DH;
-    const __half* v_head = v_cache + (size_t)kv_head * capacity * DH;
-
-    for (int kt = k0; kt < k1; kt += SP_BLOCK) {
-        const int j = kt / SP_BLOCK;  // splits start on blocks, so the tile is key block j
-        if (!((row_bits[j >> 5] >> (j & 31)) & 1u)) continue;  // not read: uniform over the block
-
-        float s[4][4];
-        const int ld_key = kt + ld_row;
-        sp_score_tile<DH>(q_src, ld_key < k1 ? k_head + (size_t)ld_key * DH + ld_dim : nullptr, tile.qk, s);
-
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int limit = min(row_end + i, k1);
-            float tile_max = SP_NEG_INF;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                s[i][c] = kt + tx * 4 + c < limit ? s[i][c] * scale : SP_NEG_INF;
-                tile_max = fmaxf(tile_max, s[i][c]);
-            }
-            tile_max = rigllm::group_max<16>(tile_max);
-            const float m_new = fmaxf(m[i], tile_max);
-            const float m_ref = m_new == SP_NEG_INF ? 0.f : m_new;
-            const float corr = __expf(m[i] - m_ref);
-            float row_sum = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const float p = __expf(s[i][c] - m_ref);
-                p_tile[tx * 4 + c][ty * 4 + i] = p;
-                row_sum += p;
-            }
-#pragma unroll
-            for (int off = 8; off > 0; off >>= 1) row_sum += __shfl_xor_sync(RIGLLM_FULL_MASK, row_sum, off);
-            l[i] = fmaf(l[i], corr, row_sum);
-#pragma unroll
-            for (int e = 0; e < DPT; ++e) o[i][e] *= corr;
-            m[i] = m_new;
-        }
-
-        for (int vc = 0; vc < SP_BLOCK; vc += SP_VC) {
-            __syncthreads();
-            for (int id = tid; id < SP_VC * DH / 8; id += SP_THREADS) {
-                const int c = id / (DH / 8);
-                const int dim = (id - c * (DH / 8)) * 8;
-                const int key = kt + vc + c;
-                float vv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-                if (key < k1) sp_load8(v_head + (size_t)key * DH + dim, vv);
-                *reinterpret_cast<float4*>(&tile.v[c][dim]) = make_float4(vv[0], vv[1], vv[2], vv[3]);
-                *reinterpret_cast<float4*>(&tile.v[c][dim + 4]) = make_float4(vv[4], vv[5], vv[6], vv[7]);
-            }
-            __syncthreads();
-#pragma unroll 2
-            for (int c = 0; c < SP_VC; ++c) {
-                const float4 p4 = *reinterpret_cast<const float4*>(&p_tile[vc + c][ty * 4]);
-                const float pv[4] = {p4.x, p4.y, p4.z, p4.w};
-#pragma unroll
-                for (int ch = 0; ch < NCH; ++ch) {
-                    float vv[CW];
-                    if constexpr (CW == 4) {
-                        const float4 v4 = *reinterpret_cast<const float4*>(&tile.v[c][ch * 64 + tx * 4]);
-                        vv[0] = v4.x; vv[1] = v4.y; vv[2] = v4.z; vv[3] = v4.w;
-                    } else {
-                        const float2 v2 = *reinterpret_cast<const float2*>(&tile.v[c][tx * 2]);
-                        vv[0] = v2.x; vv[1] = v2.y;
-                    }
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-#pragma unroll
-                        for (int e = 0; e < CW; ++e) o[i][ch * CW + e] = fmaf(pv[i], vv[e], o[i][ch * CW + e]);
-                }
-            }
-        }
-        __syncthreads();  // the next tile's staging overwrites tile.v
-    }
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int t = t0 + ty * 4 + i;
-        if (t >= t_end) continue;
-        const size_t row = ((size_t)t * n_head + h) * n_splits + split;
-        if (tx == 0) {
-            part_m[row] = m[i];
-            part_l[row] = l[i];
-        }
-        if (m[i] == SP_NEG_INF) continue;
-#pragma unroll
-        for (int ch = 0; ch < NCH; ++ch)
-#pragma unroll
-            for (int e = 0; e < CW; ++e) part_o[row * DH + ch * CW * 16 + tx * CW + e] = o[i][ch * CW + e];
-    }
+    const size_t head_base = (size_t)rows.kv_head * capacity * DH;
+    flash::prefill<DH, DH, DH>(q, rows, flash::HalfCache<DH>{k_cache + head_base, v_cache + head_base},
+                               flash::Partials{part_m, part_l, part_o, n_splits}, scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -575,7 +383,7 @@ __device__ __forceinline__ void sparse_prefill(const float* __restrict__ q, cons
         sp_vs_tile<DH, true>(q, k_cache, step, patterns, nullptr, nullptr, vs_row, vs_col, vs_diag, n_tokens,  \
                              n_head, n_head_kv, capacity, words, n_kb_grid, scale);                            \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(SP_THREADS, 2) sparse_prefill_d##DH(                         \
+    extern "C" __global__ void __launch_bounds__(FLASH_THREADS, 2) sparse_prefill_d##DH(                         \
         const float* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,   \
         const int* __restrict__ step, const unsigned* __restrict__ index, float* __restrict__ part_m,           \
         float* __restrict__ part_l, float* __restrict__ part_o, int n_tokens, int n_head, int n_head_kv,       \

@@ -23,8 +23,8 @@ from engine.generation.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
 
 F32 = 4
 DECODE_THREADS = 128  # 32 * DECODE_WARPS (attention.cu) = 32 * KV_DECODE_WARPS (kv_cache.cu)
-PREFILL_THREADS = 256  # PF_THREADS / KV_PF_THREADS
-PREFILL_ROWS = 64  # PF_BQ / KV_PF_BQ: query rows (token, head of the group) per prefill block
+PREFILL_THREADS = 256  # FLASH_THREADS (cuda_src/attention_tile.cuh)
+PREFILL_ROWS = 64  # FLASH_BQ (attention_tile.cuh): query rows (token, head of the group) per prefill block
 ENCODE_THREADS = 128  # KV_ENCODE_THREADS
 ROTATE_THREADS = 128  # kv::BLOCK
 HEAD_DIMS = (32, 64, 128, 256)  # instantiated head widths (128: the trained fixtures)

@@ -15,9 +15,11 @@ Acceptance, on the card either way (only token ids cross PCIe):
 - plain-greedy requests (temperature 0, no penalties): drafts and targets are arg-maxes written side by
   side, and one download of 2K+1 ids gives the host "accept while the draft equals the target"
   (`greedy_accept`, the exact rule for point masses).
-- every other request: the drafts are drawn from the head's rows and the exact min(1, p/q) rule with
-  residual resampling runs on the card (`GpuSpeculativeRule`, cuda_src/speculative_sampling.cu) under the
-  request's whole filter chain (penalties, top-k, top-p, min-p).
+- sampled requests (temperature > 0): the drafts are drawn from the head's rows and the exact min(1, p/q)
+  rule with residual resampling runs on the card (`GpuSpeculativeRule`, cuda_src/speculative_sampling.cu)
+  under the request's whole filter chain (penalties, top-k, top-p, min-p).
+Greedy requests with penalties decode plainly: the GPU sampler turns them into an arg-max of the penalised
+scores, a point mass the rule's kernels do not take.
 Each round (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
 
 Only a step that feeds one slot alone speculates; a plain step (several slots batched, or a request that
@@ -98,9 +100,12 @@ class CudaSpeculator:
     def begin(self, slot: int, request: SlotRequest) -> None:
         """Speculate for this request when it allows it and the slot's head is in step."""
         self._requests.pop(slot, None)
+        params = request.params
         if not request.speculative or request.host_logits or not self.caches[slot].in_step:
             return
-        self._requests[slot] = request.params.plain_greedy
+        if params.greedy and not params.plain_greedy:
+            return  # greedy with penalties: the card's rule takes distributions, not a penalised arg-max
+        self._requests[slot] = params.plain_greedy
 
     def speculating(self, slot: int) -> bool:
         return slot in self._requests

@@ -196,13 +196,15 @@ def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture)
     assert cache.in_step and cache.position + cache.owed_rows == dec.seqs[0].next_position
 
 
-def test_every_request_speculates_unless_it_opts_out(fixture):
+def test_requests_speculate_unless_they_opt_out_or_are_a_penalised_argmax(fixture):
     _, dec = decoder(fixture, 1)
     dec.prefill_slot(0, [1, 2, 3])
     dec.begin(0, SlotRequest(SamplingParams(temperature=0.7, seed=1), [1, 2, 3]))
     assert dec.speculator.speculating(0)
     dec.begin(0, SlotRequest(GREEDY, [1, 2, 3], speculative=False))
     assert not dec.speculator.speculating(0) and dec.step({0: 4})[0].extra == ()
+    dec.begin(0, SlotRequest(SamplingParams(temperature=0.0, repetition_penalty=1.1), [1, 2, 3]))
+    assert not dec.speculator.speculating(0)  # a penalised arg-max: plain steps
 
 
 def test_no_round_past_the_context(fixture):

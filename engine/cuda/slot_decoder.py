@@ -228,10 +228,9 @@ class SlotDecoder:
         alone may take a speculative round instead."""
         if self.speculator and len(feeds) == 1:
             (slot, token), = feeds.items()
-            drafted = self.speculator.stats.drafted
-            run = self.speculator.round(slot, token)
-            if run is not None:
-                return {slot: Pick(run[0], None, tuple(run[1:]), self.speculator.stats.drafted - drafted)}
+            pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, token))
+            if pick is not None:
+                return {slot: pick}
         picks = self.step_part(feeds)
         if self.speculator:
             self.speculator.stepped(feeds)

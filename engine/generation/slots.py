@@ -59,6 +59,14 @@ class Pick:
         """Every token of the step in order; the slot's state has consumed all but the last."""
         return (self.token,) + self.extra
 
+    @classmethod
+    def of_round(cls, stats: SpeculationStats, run_round: Callable[[], list[int] | None]) -> Pick | None:
+        """A speculative round as one step's pick (None when the slot took no round): its tokens, and the
+        drafts it verified as the round added them to `stats`."""
+        drafted = stats.drafted
+        run = run_round()
+        return None if run is None else cls(run[0], None, tuple(run[1:]), stats.drafted - drafted)
+
 
 @dataclass(frozen=True)
 class SlotSnapshot:
@@ -203,11 +211,11 @@ class HostSlots:
         for slot, token in feeds.items():
             s = self._slots[slot]
             s.history.append(token)
-            drafted = self.speculator.stats.drafted if self.speculator else 0
-            run = self._speculate(s, token) if s.speculate else None
-            if run is not None:
+            pick = (Pick.of_round(self.speculator.stats, lambda s=s, token=token: self._speculate(s, token))
+                    if s.speculate else None)
+            if pick is not None:
                 s.logits = None  # the round picked from its own rows
-                picks[slot] = Pick(run[0], None, tuple(run[1:]), self.speculator.stats.drafted - drafted)
+                picks[slot] = pick
                 continue
             s.logits = self._forward(s, [token])
             picks[slot] = self._pick(s)

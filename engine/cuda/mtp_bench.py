@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.cuda.bench import decode_speed
+from engine.cuda.bench import GREEDY, decode_speed
 from engine.cuda.driver import CudaCard
 from engine.cuda.microbench import time_graph_ms
 from engine.cuda.profile import kernel_breakdown
@@ -127,7 +127,7 @@ def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: 
     for k in DRAFT_TOKENS:
         dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk, mtp=mtp, draft_tokens=k)
         times = _device_times(dec, depth)
-        measured = _speculative_speed(dec, depth, steps, SamplingParams(temperature=0.0))
+        measured = _speculative_speed(dec, depth, steps, GREEDY)
         per_round = tokens_per_round(acceptance, k)
         result["draft_tokens"][k] = {
             **times,
@@ -175,7 +175,7 @@ def fixture_acceptance(path: str, draft_tokens: int = 1, length: int = 256, samp
             backend.reset_slot(0)
             backend.prefill_slot(0, sample.prompt_ids)
             t0 = time.perf_counter()
-            tokens += sum(1 for _ in decode_tokens(backend, 0, SamplingParams(temperature=0.0), sample.prompt_ids,
+            tokens += sum(1 for _ in decode_tokens(backend, 0, GREEDY, sample.prompt_ids,
                                                    len(sample.answer_ids), (), lambda: False, speculative))
             seconds += time.perf_counter() - t0
         return tokens, seconds

@@ -233,14 +233,15 @@ class CudaSpeculator:
         """The device work of a sampled round (captured as one graph): drafts drawn from the head's rows, the
         verify, the rule (emitted tokens and their count in `rule.out`)."""
         c, head, sampler, k, rule = self.caches[slot], self.head, self.samplers[slot], self.k, self.rule
+        drafts = [head.logits_row(i) for i in range(k)]
         head.forward(r, c.rows(0), c.owed, head.ids, 0)
-        rule.draft(sampler, 0, head.logits_row(0))
+        rule.draft(sampler, 0, drafts[0])
         for i in range(1, k):
             head.forward(1, c.rows(i), head.out, rule.draft_id(i - 1), i)
-            rule.draft(sampler, i, head.logits_row(i))
+            rule.draft(sampler, i, drafts[i])
         self.fwd.ids.view(4, 4 * k).copy_from(rule.drafts)  # a failed draft (-1) embeds as NaN past its row
         self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed)
-        rule.decide(sampler, [self.fwd.logits_row(t) for t in range(k + 1)])
+        rule.decide(sampler, drafts, [self.fwd.logits_row(t) for t in range(k + 1)])
 
     def _run(self, key: tuple[object, ...], work: Callable[[], None]) -> None:
         """Run `work` eagerly the first time (that loads its kernels), capture it the second, replay it after."""

@@ -46,7 +46,6 @@ class GpuSpeculativeRule:
         # drafts d_1..d_K | emitted [K+1] (-1 past the round's count) | SpecRound
         self.out = card.alloc(4 * (k + k + 1 + ROUND_INTS), f"{label}.out")
         self._host = card.pinned(k + k + 1 + ROUND_INTS, np.int32)
-        self._draft_scores: list[DeviceBuffer | None] = [None] * k  # the rows `draft` penalised in place
 
     # ---- views ------------------------------------------------------------------------------------
     def draft_id(self, i: int) -> DeviceBuffer:
@@ -71,29 +70,28 @@ class GpuSpeculativeRule:
     def draft(self, sampler: GpuSampler, i: int, logits: DeviceBuffer) -> None:
         """Draw draft i from the head's logits row (penalised in place) under the request's parameters, with
         the penalties of the history plus d_1..d_i."""
-        self._draft_scores[i] = logits
         self._with_drafts(sampler, i, lambda: self._draw_draft(sampler, i, logits))
 
-    def decide(self, sampler: GpuSampler, targets: Sequence[DeviceBuffer]) -> None:
-        """The rule over the verify's K+1 target logits rows (penalised in place) and the drafts: the emitted
-        tokens into `emitted`, their count into the round state, the tokens into the sampler's counts."""
-        if len(targets) != self.k + 1:
-            raise ValueError(f"{self.k} drafts need {self.k + 1} target rows, not {len(targets)}")
-        if any(row is None for row in self._draft_scores):
-            raise ValueError("decide needs the round's K drafts first")
+    def decide(self, sampler: GpuSampler, drafts: Sequence[DeviceBuffer], targets: Sequence[DeviceBuffer]) -> None:
+        """The rule over the K rows `draft` drew from (as it left them) and the verify's K+1 target logits rows
+        (penalised in place here): the emitted tokens into `emitted`, their count into the round state, the
+        tokens into the sampler's counts."""
+        if len(drafts) != self.k or len(targets) != self.k + 1:
+            raise ValueError(f"{self.k} drafts need {self.k} draft rows and {self.k + 1} target rows, "
+                             f"not {len(drafts)} and {len(targets)}")
         k, kern = self.k, self.card.kernel
         kern("spec_round_begin").launch(1, 32, self.round_state, self.emitted, np.int32(k))
         for t, logits in enumerate(targets):
             self._with_drafts(sampler, t, lambda t=t, logits=logits: self._select_target(sampler, t, logits))
         v = np.int32(self.vocab)
         for i in range(k):
-            p, q = self._row_args(targets[i], k + i), self._row_args(None, i)
+            p, q = self._target_args(targets, i), self._draft_args(drafts, i)
             kern("spec_accept").launch(1, 32, *p, *q, self.drafts, sampler.params, self.round_state, self.emitted,
                                        np.int32(i), np.int32(k))
             kern("spec_residual_partial").launch(self.parts, SAMPLE_THREADS, *p, *q, v, self.round_state, np.int32(i),
                                                  self.residual)
-            self._final(sampler, i, targets)
-        self._final(sampler, k, targets)
+            self._final(sampler, i, drafts, targets)
+        self._final(sampler, k, drafts, targets)
         sampler.count_tokens(self.emitted, k + 1)  # -1 padding is skipped
 
     def read(self) -> tuple[list[int], list[int]]:
@@ -129,20 +127,20 @@ class GpuSpeculativeRule:
         self.card.kernel("spec_row_dist").launch(1, SAMPLE_THREADS, scores, np.int32(self.vocab), row.state,
                                                  row.draw_partials, np.int32(self.parts), self._dist(index))
 
-    def _row_args(self, target: DeviceBuffer | None, index: int) -> tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]:
-        """(scores, state, dist) of row `index`: drafts 0..K-1 (target None), then targets K..2K."""
-        if index < self.k:
-            scores, row = self._draft_scores[index], self.draft_rows[index]
-        else:
-            scores, row = target, self.target_rows[index - self.k]
-        assert scores is not None
-        return scores, row.state, self._dist(index)
+    def _draft_args(self, drafts: Sequence[DeviceBuffer], i: int) -> tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]:
+        """(scores, state, dist) of draft row i; its dist is record i."""
+        return drafts[i], self.draft_rows[i].state, self._dist(i)
 
-    def _final(self, sampler: GpuSampler, i: int, targets: Sequence[DeviceBuffer]) -> None:
+    def _target_args(self, targets: Sequence[DeviceBuffer], t: int) -> tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]:
+        """(scores, state, dist) of target row t; its dist is record K + t."""
+        return targets[t], self.target_rows[t].state, self._dist(self.k + t)
+
+    def _final(self, sampler: GpuSampler, i: int, drafts: Sequence[DeviceBuffer],
+               targets: Sequence[DeviceBuffer]) -> None:
         """The last token at row i (exits unless the round ends there). Row K has no draft: a round reaching it
         always ends from p_K, so its residual arguments name draft K-1's row and are never read."""
-        p = self._row_args(targets[i], self.k + i)
-        q = self._row_args(None, min(i, self.k - 1))
+        p = self._target_args(targets, i)
+        q = self._draft_args(drafts, min(i, self.k - 1))
         self.card.kernel("spec_final").launch(
             1, SAMPLE_THREADS, *p, self.target_rows[i].draw_partials, *q, self.residual, np.int32(self.vocab),
             np.int32(self.parts), sampler.params, self.round_state, self.emitted, np.int32(i),

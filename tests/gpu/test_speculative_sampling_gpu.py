@@ -100,7 +100,7 @@ def run_trials(card, drafts: list[np.ndarray], targets: list[np.ndarray], histor
         sampler.count_tokens(hist, max(1, len(history)))
         for i in range(k):
             rule.draft(sampler, i, work[i])
-        rule.decide(sampler, work[k : 2 * k + 1])
+        rule.decide(sampler, work[:k], work[k : 2 * k + 1])
         sampler.sample(work[-1])  # x2 when the round emitted one token: row 1 after H + x1
 
     trial()

@@ -1,6 +1,6 @@
 """The loading sheet's live memory budget: per-card bars, a verdict and one-click fixes (no Qt).
 
-The engine's planner (`engine.generation.memory_plan.plan`) is the single source of the numbers.
+The engine's planner (`engine.model.memory_plan.plan`) is the single source of the numbers.
 It refuses a plan that does not fit, but the sheet must still draw the over-full bars, so a refused
 plan is re-made on profiles scaled up by a common factor: every card's usable bytes scale alike, so
 the planner chooses the same layer split, and each card's parts are then drawn against its real
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine.errors import RigllmError
-from engine.generation.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
-from engine.generation.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, plan
-from engine.generation.model_footprint import Footprint
+from engine.model.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
+from engine.model.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, plan
+from engine.model.model_footprint import Footprint
 from engine.telemetry import CardSample
 
 TIGHT_BYTES = 512 << 20  # under this much spare a card is "tight" (allocator slack, fragmentation)

@@ -17,7 +17,7 @@ from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
 from engine.cuda.pipeline import CardSpec
 from engine.generation.backend import open_backend
-from engine.generation.load_progress import LoadCancelled, LoadProgress
+from engine.model.load_progress import LoadCancelled, LoadProgress
 from engine.generation.snapshot_store import SnapshotSettings, default_host_budget
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model

@@ -18,7 +18,7 @@ from typing import Any
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
 from engine.errors import RigllmError
-from engine.generation.load_progress import LoadProgress
+from engine.model.load_progress import LoadProgress
 from engine.server.admin_host import LOADED, LOADING, UNLOADING
 
 from app.chat_engine import ModelInfo

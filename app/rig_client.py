@@ -18,7 +18,7 @@ import keyring
 from keyring.errors import KeyringError
 
 from engine.errors import RigllmError
-from engine.generation.model_footprint import Footprint
+from engine.model.model_footprint import Footprint
 from engine.server.access import KEYRING_SERVICE
 from engine.server.admin_footprint import footprint_from_json
 from engine.telemetry import CardSample, RigSnapshot

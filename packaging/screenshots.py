@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
 
-from engine.generation.load_progress import LoadProgress  # noqa: E402
-from engine.generation.model_footprint import footprint_for  # noqa: E402
+from engine.model.load_progress import LoadProgress  # noqa: E402
+from engine.model.model_footprint import footprint_for  # noqa: E402
 from engine.gguf.shapes import shape_config  # noqa: E402
 from engine.telemetry import FakeSource, cmp_100_210  # noqa: E402
 

@@ -10,7 +10,7 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
-from engine.generation.memory_plan import format_bytes
+from engine.model.memory_plan import format_bytes
 
 from app.budget import CardBudget
 

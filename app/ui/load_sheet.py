@@ -20,10 +20,10 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QGridLayout, QGr
                                QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.generation.backend import BACKEND_CHOICES
-from engine.generation.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
-from engine.generation.load_progress import LoadProgress
-from engine.generation.memory_plan import format_bytes
-from engine.generation.model_footprint import Footprint, footprint_of
+from engine.model.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
+from engine.model.load_progress import LoadProgress
+from engine.model.memory_plan import format_bytes
+from engine.model.model_footprint import Footprint, footprint_of
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.mmproj_pairing import paired_vision_config

@@ -9,7 +9,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QDialog, QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
-from engine.generation.memory_plan import format_bytes
+from engine.model.memory_plan import format_bytes
 from engine.telemetry import CardSample, RigSnapshot
 
 from app.alerts import AlertState

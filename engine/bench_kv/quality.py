@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.generation.kv_formats import KV_FORMATS
+from engine.model.kv_formats import KV_FORMATS
 from engine.gguf.shapes import shape_config
 from engine.paths import REPO_ROOT
 from engine.reference.attention import attend_stored

@@ -37,7 +37,7 @@ from engine.cuda.attention_kernels import (
 from engine.cuda.driver import CudaCard
 from engine.cuda.kv_cache import alloc_kv_layer, domain_width, upload_kv_tables
 from engine.cuda.microbench import time_graph_ms
-from engine.generation.kv_formats import kv_format
+from engine.model.kv_formats import kv_format
 
 SHAPES = {"9b": (AttnDims(16, 4, 256), 8), "27b": (AttnDims(24, 4, 256), 16)}
 FORMATS = ("f16", "k8v8", "k8v4", "k8v3", "k4v4", "k3v3")

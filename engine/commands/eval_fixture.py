@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise RigllmError("--samples must be at least 1")
     if args.kv_format is not None:
-        from engine.generation.kv_formats import kv_format_of
+        from engine.model.kv_formats import kv_format_of
 
         kv_format_of(args.kv_format)  # unknown names fail here with the list of formats
 

@@ -40,9 +40,10 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from engine.errors import RigllmError
-    from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
-    from engine.generation.memory_plan import resolve_kv_format
-    from engine.gguf.info import describe, render_text
+    from engine.model.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
+    from engine.model.memory_plan import resolve_kv_format
+    from engine.commands.info_text import render_text
+    from engine.model.model_info import describe
     from engine.commands.placement_args import parse_split
     from engine.gguf.loader import load_model
 

@@ -19,7 +19,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, KVSide
 from engine.errors import RigllmError
-from engine.generation.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
+from engine.model.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
 
 F32 = 4
 DECODE_THREADS = 128  # 32 * DECODE_WARPS (attention.cu) = 32 * KV_DECODE_WARPS (kv_cache.cu)

@@ -20,10 +20,10 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
-from engine.generation.kv_formats import kv_format
-from engine.generation.load_progress import ProgressCallback, ProgressCounter
-from engine.generation.memory_plan import CardProfile, MemoryPlan, plan
-from engine.generation.model_footprint import footprint_of
+from engine.model.kv_formats import kv_format
+from engine.model.load_progress import ProgressCallback, ProgressCounter
+from engine.model.memory_plan import CardProfile, MemoryPlan, plan
+from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.generation.speculative import SpeculationStats
@@ -50,7 +50,7 @@ class CudaBackend:
                  draft_tokens: int = 1, sparse: SparseProfile | None = None):
         """`card_bytes` caps the card (a "logical card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU).
         `progress` gets load reports and may raise `LoadCancelled`; the card is freed before it propagates.
-        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.generation.kv_formats).
+        `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.model.kv_formats).
         `mmproj`: a validated vision tower paired with this model (engine.vision.encoder checks the pairing),
         loaded onto this card and counted in its memory plan.
         `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for greedy

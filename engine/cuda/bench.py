@@ -109,7 +109,7 @@ def kv_sweep(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, formats: t
     """Prefill and decode tokens/s per KV cache format (whole model, one sequence), for the long-context table."""
     import gc
 
-    from engine.generation.kv_formats import kv_format
+    from engine.model.kv_formats import kv_format
 
     out: dict[str, Any] = {}
     capacity = max(max(prompts, default=0), max(depths, default=0) + decode_steps + 2) + 8

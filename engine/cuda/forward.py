@@ -49,7 +49,7 @@ from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
-from engine.generation.kv_formats import KVFormat
+from engine.model.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import Rope
 

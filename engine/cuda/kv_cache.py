@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.generation.kv_formats import FP16, KVCodec, KVFormat
+from engine.model.kv_formats import FP16, KVCodec, KVFormat
 from engine.reference.kv_quant import Encoded, device_tables
 
 F16_BYTES = 2

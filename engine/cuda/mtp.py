@@ -27,7 +27,7 @@ from engine.cuda.forward import NORM_THREADS_BATCH, NORM_THREADS_DECODE, Forward
 from engine.cuda.gemv import MAX_GEMV_TOKENS, alloc_q8_activations, gemv_q8
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer
 from engine.cuda.weights import MtpWeights
-from engine.generation.kv_formats import KVFormat
+from engine.model.kv_formats import KVFormat
 
 F32 = 4
 OWED_ROWS = MAX_GEMV_TOKENS  # trunk rows a slot's head may owe: a round's head call runs them all as GEMV rows

@@ -34,10 +34,10 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.slot_decoder import SlotDecoder, embedded_runs
 from engine.cuda.weights import ModelWeights, trunk_bytes, upload_weights
 from engine.errors import RigllmError
-from engine.generation.kv_formats import KVFormat, kv_format
-from engine.generation.load_progress import ProgressCallback, ProgressCounter
-from engine.generation.memory_plan import CardProfile, MemoryPlan, layer_cuts, plan
-from engine.generation.model_footprint import footprint_of
+from engine.model.kv_formats import KVFormat, kv_format
+from engine.model.load_progress import ProgressCallback, ProgressCounter
+from engine.model.memory_plan import CardProfile, MemoryPlan, layer_cuts, plan
+from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.config import ModelConfig

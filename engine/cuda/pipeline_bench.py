@@ -19,7 +19,7 @@ from engine.cuda.bench import slot_decode_speed
 from engine.cuda.driver import CudaCard
 from engine.cuda.pipeline import CardSpec, PipelineBackend
 from engine.cuda.synthetic_weights import random_model_weights
-from engine.generation.load_progress import ProgressCounter
+from engine.model.load_progress import ProgressCounter
 from engine.gguf.config import ModelConfig
 
 GEN1_X1_BYTES_PER_S = 250e6

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer, code_row_bytes, side_blocks
-from engine.generation.kv_formats import KVFormat, kv_format
+from engine.model.kv_formats import KVFormat, kv_format
 from engine.gguf.config import ModelConfig
 
 F16_FORMAT = kv_format("f16")

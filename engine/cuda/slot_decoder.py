@@ -41,7 +41,7 @@ from engine.cuda.speculative import CudaSpeculator
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
-from engine.generation.kv_formats import KVFormat
+from engine.model.kv_formats import KVFormat
 from engine.generation.speculative import SpeculationStats
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import text_positions

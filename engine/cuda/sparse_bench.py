@@ -42,7 +42,7 @@ from engine.cuda.sequence import DeviceSequence
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.sparse_attention import BLOCK
 from engine.cuda.weights import ModelWeights
-from engine.generation.kv_formats import kv_format
+from engine.model.kv_formats import kv_format
 from engine.gguf.config import ModelConfig
 from engine.reference.sparse_attention import Pattern
 from engine.sparse.profile import HeadChoice, SparseProfile

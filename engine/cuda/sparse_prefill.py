@@ -28,7 +28,7 @@ from engine.cuda.sparse_attention import (
     sparse_prefill_kv,
 )
 from engine.errors import RigllmError
-from engine.generation.kv_formats import KVFormat
+from engine.model.kv_formats import KVFormat
 from engine.reference.sparse_attention import DENSE
 from engine.sparse.profile import SparseProfile
 

@@ -20,7 +20,7 @@ from gguf.quants import quantize
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.gemv import Q8Weight, upload_q8_weight
 from engine.cuda.q8_layout import split_q8_0
-from engine.generation.load_progress import ProgressCounter
+from engine.model.load_progress import ProgressCounter
 from engine.gguf.config import ModelConfig
 from engine.gguf.model_file import ModelFile
 

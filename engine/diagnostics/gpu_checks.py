@@ -13,7 +13,7 @@ from engine.diagnostics.cuda_driver import DriverProbe
 from engine.diagnostics.findings import ERROR, WARNING, Check
 from engine.diagnostics.nvml import NvmlProbe
 from engine.diagnostics.pci import PciCard
-from engine.generation.memory_plan import format_bytes
+from engine.model.memory_plan import format_bytes
 
 MIN_ARCH = 70  # kernels are built for compute_70 (Volta) and up
 MIN_DRIVER = (12, 0)  # the kernels' toolchain is CUDA 12

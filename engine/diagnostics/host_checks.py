@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine.diagnostics.findings import ERROR, WARNING, Check
 from engine.errors import RigllmError
-from engine.generation.memory_plan import GIB, MIB, format_bytes
+from engine.model.memory_plan import GIB, MIB, format_bytes
 from engine.gguf.streaming_read import StreamingReader, cached_fraction, drop_cached, load_eta
 
 LOW_RAM = 4 * GIB  # below this beside a loaded server the OS starts swapping or OOM-killing

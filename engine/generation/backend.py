@@ -14,8 +14,8 @@ import numpy as np
 
 from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
-from engine.generation.kv_formats import kv_format
-from engine.generation.load_progress import ProgressCallback, ProgressCounter
+from engine.model.kv_formats import kv_format
+from engine.model.load_progress import ProgressCallback, ProgressCounter
 from engine.gguf.loader import LoadedModel
 from engine.gguf.mmproj import LoadedMmproj
 from engine.gguf.model_file import ModelFile

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from engine.generation.kv_formats import kv_format
+from engine.model.kv_formats import kv_format
 from engine.generation.slots import SlotSnapshot
 from engine.gguf.config import ModelConfig
 from engine.reference.state import StateSnapshot

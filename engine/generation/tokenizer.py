@@ -23,7 +23,7 @@ from tokenizers import models, pre_tokenizers
 
 from engine.errors import ModelFileError
 from engine.generation.pretokenizer import configure_byte_level
-from engine.generation.special_tokens import EOG_TOKEN_STRINGS
+from engine.model.special_tokens import EOG_TOKEN_STRINGS
 
 if TYPE_CHECKING:
     from engine.gguf.model_file import ModelFile

@@ -19,7 +19,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
 from engine.errors import RigllmError
 from engine.generation.pretokenizer import configure_byte_level
-from engine.generation.special_tokens import QWEN35_SPECIAL_TOKENS, special_token_type
+from engine.model.special_tokens import QWEN35_SPECIAL_TOKENS, special_token_type
 
 BYTE_ALPHABET_SIZE = 256
 MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(QWEN35_SPECIAL_TOKENS)

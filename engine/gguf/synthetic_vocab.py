@@ -18,7 +18,7 @@ import string
 
 from gguf import TokenType
 
-from engine.generation.special_tokens import QWEN35_FIRST_SPECIAL_ID, QWEN35_SPECIAL_TOKENS, special_token_type
+from engine.model.special_tokens import QWEN35_FIRST_SPECIAL_ID, QWEN35_SPECIAL_TOKENS, special_token_type
 from engine.gguf.vocab import Vocab
 
 QWEN35_VOCAB_SIZE = 248_320

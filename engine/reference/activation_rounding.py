@@ -30,10 +30,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from engine.gguf.model_file import TensorInfo
+from engine.model.model_footprint import FP32_KERNEL_SUFFIXES
 
 Q8_1_BLOCK = 32
-# Weights whose matmul stays fp32 on the GPU when the file stores them as F32 (contracts.md "Model files").
-FP32_KERNEL_SUFFIXES = (".ssm_alpha.weight", ".ssm_beta.weight")
 
 
 class ActivationRounding(Enum):

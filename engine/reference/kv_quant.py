@@ -1,6 +1,6 @@
 """KV cache codecs in numpy: encode/decode of head vectors, and the storage domain attention works in.
 
-One codec per cache side (K or V), chosen by `engine.generation.kv_formats` (`KVFormat.k` / `.v`):
+One codec per cache side (K or V), chosen by `engine.model.kv_formats` (`KVFormat.k` / `.v`):
 
 * exact   (`fp16` in kv_formats) the reference keeps fp32 rows, as it always has (the GPU keeps fp16);
 * int8    blocks of 32 values: codes q = rint(x / d) in [-127, 127] with d = fp16(max|x| / 127),
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.generation.kv_formats import FP16, INT8, WHT3, WHT4, KVCodec
+from engine.model.kv_formats import FP16, INT8, WHT3, WHT4, KVCodec
 from engine.reference.kv_quant_codebook import BLOCK_DIM, CODEBOOK_3BIT, CODEBOOK_4BIT
 
 SIGN_SEED = 0xCAFEF00D  # xorshift32 seed of the rotation signs (the anchor's; any fixed value would do)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.generation.kv_formats import KVFormat, kv_format_of
+from engine.model.kv_formats import KVFormat, kv_format_of
 from engine.gguf.config import ModelConfig
 from engine.reference.kv_quant import Encoded, codec_for
 

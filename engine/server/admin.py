@@ -3,7 +3,7 @@
 It is what a headless rig is driven by from the desktop app ("Connect to rig"). Included in the app
 that `create_app` makes (`rigllm serve` does), so the same API-key middleware guards `/admin/*` as
 the OpenAI routes. Plans are
-exactly `rigllm info --json`'s (`engine.gguf.info.describe`), so the app, the CLI and the remote rig
+exactly `rigllm info --json`'s (`engine.model.model_info.describe`), so the app, the CLI and the remote rig
 show one verdict.
 
     GET  /admin/plan?model=PATH&context=N&kv=FORMAT   planner verdict for 1-4 cards (default: the loaded model)
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import RigllmError
 from engine.generation.backend import BACKEND_CHOICES
-from engine.generation.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
+from engine.model.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
 from engine.server.admin_footprint import footprint_to_json
 from engine.server.admin_host import DEMO_LABEL, ModelHost
 from engine.server.admin_logs import LogRing
@@ -55,7 +55,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
 
     def plan(model: str | None = None, context: int | None = Query(default=None, ge=1),
              kv: str = DEFAULT_LONG_CONTEXT_FORMAT) -> dict[str, Any]:
-        from engine.gguf.info import describe
+        from engine.model.model_info import describe
         from engine.gguf.loader import load_model
 
         path = model or host.status()["path"]
@@ -69,7 +69,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
     def inspect(model: str | None = None) -> dict[str, Any]:
         from engine.gguf.demo_model import ensure_demo_model
         from engine.gguf.loader import load_model
-        from engine.generation.model_footprint import footprint_of
+        from engine.model.model_footprint import footprint_of
         from engine.gguf.mmproj_pairing import paired_vision_config
         from engine.vision.device_footprint import with_tower
 

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from engine.gguf.config import ModelConfig
-from engine.generation.model_footprint import Footprint
+from engine.model.model_footprint import Footprint
 
 
 def footprint_to_json(fp: Footprint) -> dict[str, Any]:

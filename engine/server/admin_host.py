@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.errors import RigllmError
 from engine.generation.backend import Backend, open_backend
-from engine.generation.load_progress import LoadCancelled, LoadProgress, ProgressCallback
+from engine.model.load_progress import LoadCancelled, LoadProgress, ProgressCallback
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model
 from engine.gguf.mmproj import LoadedMmproj

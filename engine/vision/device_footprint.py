@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from engine.generation.model_footprint import Footprint
+from engine.model.model_footprint import Footprint
 from engine.gguf.mmproj import mmproj_tensors
 from engine.vision.config import VisionConfig
 

@@ -38,7 +38,7 @@ from engine.cuda.kv_cache import (
     upload_kv_tables,
     upload_side_rows,
 )
-from engine.generation.kv_formats import INT8, WHT3, WHT4, kv_format
+from engine.model.kv_formats import INT8, WHT3, WHT4, kv_format
 from engine.reference.kv_quant import Encoded, RotatedCodec, codec_for, rotate
 from tests.gpu.gpu_fixtures import assert_equal, assert_within
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.generation.kv_formats import CUDA_KERNEL_FORMATS
+from engine.model.kv_formats import CUDA_KERNEL_FORMATS
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.generation.snapshot_store import SnapshotStore

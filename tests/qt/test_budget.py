@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.generation.memory_plan import CardProfile, plan
-from engine.generation.kv_formats import kv_format
-from engine.generation.model_footprint import footprint_for
+from engine.model.memory_plan import CardProfile, plan
+from engine.model.kv_formats import kv_format
+from engine.model.model_footprint import footprint_for
 from engine.gguf.shapes import shape_config
 from engine.telemetry import cmp_100_210
 

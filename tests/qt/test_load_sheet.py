@@ -10,8 +10,8 @@ from conftest import Recorder
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog
 
-from engine.generation.load_progress import LoadCancelled, LoadProgress
-from engine.generation.model_footprint import footprint_for
+from engine.model.load_progress import LoadCancelled, LoadProgress
+from engine.model.model_footprint import footprint_for
 from engine.gguf.shapes import shape_config
 
 from app.model_loader import ModelLoader

@@ -13,7 +13,7 @@ from engine.cuda.pipeline import CardSpec, PipelineBackend
 from engine.cuda.pipeline_bench import pipeline_decode_speed
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
-from engine.generation.kv_formats import kv_format
+from engine.model.kv_formats import kv_format
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.gguf.demo_model import ensure_demo_model

@@ -229,8 +229,8 @@ def test_bench_driver_runs_and_projects(fixture, monkeypatch):
 
 
 def test_the_plan_counts_the_verify_rings(fixture):
-    from engine.generation.memory_plan import CardProfile, plan
-    from engine.generation.model_footprint import footprint_of
+    from engine.model.memory_plan import CardProfile, plan
+    from engine.model.model_footprint import footprint_of
 
     card = CardProfile("card", 1 << 30)
     fp = footprint_of(fixture)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import RigllmError
-from engine.gguf.info import describe, format_count, layer_pattern_text, render_text
+from engine.commands.info_text import format_count, render_text
+from engine.model.model_info import describe, layer_pattern_text
 from engine.gguf.loader import load_model
 from engine.gguf.shapes import shape_config
 from tests.unit.loader_fixtures import TINY, write_tiny_model

@@ -19,7 +19,7 @@ from engine.cuda.kv_cache import (
     side_blocks,
     upload_side_rows,
 )
-from engine.generation.kv_formats import FP16, INT8, WHT3, WHT4, kv_format
+from engine.model.kv_formats import FP16, INT8, WHT3, WHT4, kv_format
 from engine.reference.kv_quant import codec_for
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine.errors import RigllmError
-from engine.generation.kv_formats import FP16, INT8, WHT3, WHT4, kv_format, kv_format_for_bits, kv_format_of
+from engine.model.kv_formats import FP16, INT8, WHT3, WHT4, kv_format, kv_format_for_bits, kv_format_of
 from engine.reference.kv_quant import (
     BLOCK_DIM,
     SIGNS,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.generation.kv_formats import KV_FORMATS
+from engine.model.kv_formats import KV_FORMATS
 from engine.gguf.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.reference import ReferenceModel

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from engine.errors import RigllmError
-from engine.generation.kv_formats import kv_format
-from engine.generation.memory_plan import (
+from engine.model.kv_formats import kv_format
+from engine.model.memory_plan import (
     CARD_16GB_BYTES,
     GIB,
     MIB,
@@ -19,7 +19,7 @@ from engine.generation.memory_plan import (
     format_bytes,
     plan,
 )
-from engine.generation.model_footprint import (
+from engine.model.model_footprint import (
     device_bytes,
     footprint_for,
     footprint_of,

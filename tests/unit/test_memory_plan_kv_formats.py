@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import RigllmError
-from engine.generation.kv_formats import (
+from engine.model.kv_formats import (
     DEFAULT_LONG_CONTEXT_FORMAT,
     FP16,
     INT8,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import RigllmError
-from engine.generation.kv_formats import kv_format
-from engine.generation.memory_plan import cards_16gb, format_bytes, plan, resolve_kv_format
-from engine.generation.model_footprint import footprint_for
+from engine.model.kv_formats import kv_format
+from engine.model.memory_plan import cards_16gb, format_bytes, plan, resolve_kv_format
+from engine.model.model_footprint import footprint_for
 from engine.gguf.shapes import shape_config
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.gguf.model_file import ModelFile
 from engine.reference import ActivationRounding, ReferenceModel
-from engine.reference.activation_rounding import FP32_KERNEL_SUFFIXES
+from engine.model.model_footprint import FP32_KERNEL_SUFFIXES
 from reference_fixtures import SHAPES, gguf_weights, model_config, perturbed_model, q8_0_names, random_tokens, write_gguf
 
 pytest.importorskip("torch")

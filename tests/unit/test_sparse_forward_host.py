@@ -14,7 +14,7 @@ from engine.commands.placement_args import add_placement_args, placement_options
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.errors import RigllmError
-from engine.generation.kv_formats import kv_format
+from engine.model.kv_formats import kv_format
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.gguf.demo_model import ensure_demo_model

@@ -140,7 +140,7 @@ def kv_signatures() -> dict[str, list[str]]:
 def test_the_quantised_cache_launch_matches_its_kernel_signature(fmt, head_dim):
     from engine.cuda.kv_cache import alloc_kv_layer
     from engine.cuda.sparse_attention import sparse_prefill_kv
-    from engine.generation.kv_formats import kv_format
+    from engine.model.kv_formats import kv_format
 
     sigs = kv_signatures()
     card = RecordingCard()

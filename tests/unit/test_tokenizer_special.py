@@ -16,7 +16,7 @@ from tokenizer_fixtures import (
 )
 
 from engine.errors import ModelFileError
-from engine.generation.special_tokens import QWEN35_SPECIAL_TOKENS
+from engine.model.special_tokens import QWEN35_SPECIAL_TOKENS
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.model_file import ModelFile
 

@@ -13,7 +13,7 @@ from tokenizers import pre_tokenizers
 
 from engine.errors import RigllmError
 from engine.generation.demo_corpus import DEMO_CORPUS
-from engine.generation.special_tokens import QWEN35_SPECIAL_TOKENS
+from engine.model.special_tokens import QWEN35_SPECIAL_TOKENS
 from engine.generation.train_tokenizer import MIN_VOCAB_SIZE, train_byte_level_bpe
 
 _DUMP = (

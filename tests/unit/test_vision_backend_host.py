@@ -16,8 +16,8 @@ from engine.cuda.pipeline import CardSpec, PipelineBackend
 from engine.cuda.slot_decoder import SlotDecoder, embedded_runs
 from engine.cuda.weights import upload_weights
 from engine.errors import RigllmError
-from engine.generation.memory_plan import CardProfile, plan
-from engine.generation.model_footprint import footprint_of
+from engine.model.memory_plan import CardProfile, plan
+from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest, supports_images
 from engine.gguf.demo_model import ensure_demo_model

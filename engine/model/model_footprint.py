@@ -4,7 +4,7 @@ Weights are counted in the form the GPU backend keeps them (contracts.md "Model 
 F16/BF16/F32 weights are requantised to Q8_0 at load, so they cost Q8_0 bytes; small tensors (1-D
 norms, `ssm_a`, `ssm_dt.bias`, `ssm_conv1d`, and `ssm_alpha`/`ssm_beta` when stored as F32) run in
 fp32 kernels, so they cost 4 bytes a value; Q8_0 tensors stay as they are. The matmul weights that
-run in fp32 are the reference backend's `FP32_KERNEL_SUFFIXES`, so both count the same tensors.
+run in fp32 are `FP32_KERNEL_SUFFIXES`, which the reference's kernel rounding also reads, so both count the same tensors.
 A footprint comes from a validated file (`footprint_of`) or from a config and the file type it
 would be written in (`footprint_for`, for planning sizes without a file). Context-dependent parts
 (KV, GDN state) are functions of the config here, so the planner and `rigllm info` agree.
@@ -22,10 +22,11 @@ from engine.gguf.metadata import FILE_TYPES
 from engine.gguf.tensor_layout import model_tensors
 from engine.gguf.tensor_types import tensor_nbytes, tensor_type
 from engine.gguf.validate import block_of
-from engine.generation.kv_formats import KVFormat
-from engine.reference.activation_rounding import FP32_KERNEL_SUFFIXES
+from engine.model.kv_formats import KVFormat
 
 Q8_0 = GGMLQuantizationType.Q8_0
+# Weights whose matmul stays fp32 on the GPU when the file stores them as F32 (contracts.md "Model files").
+FP32_KERNEL_SUFFIXES = (".ssm_alpha.weight", ".ssm_beta.weight")
 FP32_BYTES = 4
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 _CONV_SUFFIX = ".ssm_conv1d.weight"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
-from engine.generation.kv_formats import CUDA_KERNEL_FORMATS, KVFormat, kv_format_for_bits, kv_format_of
-from engine.generation.model_footprint import FP32_BYTES, Footprint
+from engine.model.kv_formats import CUDA_KERNEL_FORMATS, KVFormat, kv_format_for_bits, kv_format_of
+from engine.model.model_footprint import FP32_BYTES, Footprint
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -19,7 +19,7 @@ from engine.cuda.pipeline import CardSpec
 from engine.generation.backend import open_backend
 from engine.model.load_progress import LoadCancelled, LoadProgress
 from engine.generation.snapshot_store import SnapshotSettings, default_host_budget
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.model_service import ModelService
 from engine.server.multimodal_chat import vision_for_backend

@@ -24,9 +24,9 @@ from engine.model.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bit
 from engine.model.load_progress import LoadProgress
 from engine.model.memory_plan import format_bytes
 from engine.model.model_footprint import Footprint, footprint_of
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.gguf.mmproj_pairing import paired_vision_config
+from engine.vision.mmproj_pairing import paired_vision_config
 from engine.telemetry import CardSample
 from engine.vision.device_footprint import with_tower
 

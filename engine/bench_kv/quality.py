@@ -11,7 +11,7 @@
 2. End-to-end logits against the exact (f16) cache on the reference model over a long prompt
    (teacher-forced, one prefill): KL(p_f16 || p_format) per position (mean, p99, max, in nats),
    top-1 agreement, and for trained fixtures the accuracy on the task's answer tokens.
-   Models: the demo model (random weights: engine/gguf/demo_model.py; contracts.md says random
+   Models: the demo model (random weights: engine/fixtures/demo_model.py; contracts.md says random
    weights say nothing about quality, so its numbers are a sanity check) and every GGUF under
    tests/fixtures/trained/ (small trained models: the quality numbers that count).
 """
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     fixtures_fit = args.tokens >= MIN_FIXTURE_TOKENS
     models = sorted(TRAINED_DIR.glob("*.gguf")) if TRAINED_DIR.is_dir() and fixtures_fit else []
     if not args.no_demo:
-        from engine.gguf.demo_model import ensure_demo_model
+        from engine.fixtures.demo_model import ensure_demo_model
 
         models.append(ensure_demo_model())
     for path in models:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from engine.gguf.shapes import shape_config
-from engine.gguf.synthetic import write_random_model
+from engine.fixtures.synthetic import write_random_model
 
 
 def model_path(folder: Path, shape: str) -> Path:

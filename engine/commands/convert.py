@@ -50,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.errors import RigllmError
     from engine.gguf.convert import convert
-    from engine.gguf.convert_mmproj import MMPROJ_ARCHITECTURE, convert_mmproj
-    from engine.gguf.mmproj_pairing import mmproj_path_for
+    from engine.vision.convert_mmproj import MMPROJ_ARCHITECTURE, convert_mmproj
+    from engine.vision.mmproj_pairing import mmproj_path_for
 
     out = Path(args.out)
     if out.is_dir():

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.generation.sampler import Sampler, SamplingParams
     from engine.generation.token_stream import TokenStream
     from engine.generation.tokenizer import Tokenizer
-    from engine.gguf.demo_model import ensure_demo_model
+    from engine.fixtures.demo_model import ensure_demo_model
     from engine.gguf.loader import load_model
 
     if args.max_tokens < 1:
@@ -199,7 +199,7 @@ def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStrea
 def _prepare_images(args: argparse.Namespace, loaded: LoadedModel, tokenizer: Tokenizer) -> _Images:
     """The model's mmproj and `args.image` decoded and resized for its tower (errors before any backend opens)."""
     from engine.errors import RigllmError
-    from engine.gguf.mmproj_pairing import find_mmproj
+    from engine.vision.mmproj_pairing import find_mmproj
     from engine.vision.encoder import ImageEncoder
     from engine.vision.image_io import load_image_file
     from engine.vision.multimodal_prompt import IMAGE_PAD

@@ -35,12 +35,12 @@ def run(args: argparse.Namespace) -> int:
     if args.demo:
         if args.type is not None or args.seed != 0:
             raise RigllmError("--demo has a fixed recipe; --type and --seed do not apply")
-        from engine.gguf.demo_model import write_demo_model
+        from engine.fixtures.demo_model import write_demo_model
 
         write_demo_model(out)
     elif args.shape:
         from engine.gguf.shapes import shape_config
-        from engine.gguf.synthetic import write_random_model
+        from engine.fixtures.synthetic import write_random_model
 
         def progress(done: int, total: int) -> None:
             print(f"\r{done / 1e9:6.2f} / {total / 1e9:.2f} GB", end="", file=sys.stderr, flush=True)
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
         if find_spec("torch") is None or find_spec("transformers") is None:
             raise RigllmError("--variant needs torch and transformers (pip install 'rigllm[dev]')")
-        from engine.gguf.tiny_models import VARIANTS, make_tiny_model
+        from engine.fixtures.tiny_models import VARIANTS, make_tiny_model
 
         if args.variant not in VARIANTS:
             raise RigllmError(f"unknown variant '{args.variant}' (known: {', '.join(VARIANTS)})")

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from engine.gguf.demo_model import ensure_demo_model
+    from engine.fixtures.demo_model import ensure_demo_model
     from engine.server.admin import admin_router
     from engine.server.admin_host import DEMO_LABEL, ModelHost, open_with_progress
     from engine.server.admin_logs import install_log_ring

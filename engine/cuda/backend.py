@@ -28,9 +28,10 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.generation.speculative import SpeculationStats
 from engine.gguf.loader import LoadedModel
-from engine.gguf.mmproj import LoadedMmproj
+from engine.vision.mmproj import LoadedMmproj
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
+from engine.cuda.vision import gpu_image_encoder
 from engine.vision.encoder import ImageEncoder, loaded_tower
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
@@ -72,7 +73,7 @@ class CudaBackend:
             self.weights = upload_weights(self.card, loaded.file, cfg, counter)
             if mmproj is not None:
                 counter.enter("uploading the vision tower")
-                self.images = ImageEncoder(mmproj, self.card)
+                self.images = gpu_image_encoder(self.card, mmproj)
             mtp = upload_mtp_weights(self.card, loaded.file, cfg, self.weights) if self.with_mtp else None
             counter.enter("allocating slots and warming up kernels")
             self.slots = SlotDecoder(self.card, cfg, self.weights, self.context, slots, chunk, self.kv, mtp=mtp,

@@ -42,9 +42,10 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
-from engine.gguf.mmproj import LoadedMmproj
+from engine.vision.mmproj import LoadedMmproj
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
+from engine.cuda.vision import gpu_image_encoder
 from engine.vision.encoder import ImageEncoder, loaded_tower
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
@@ -184,7 +185,7 @@ class PipelineBackend:
             for f in loads:  # the cards load in parallel, each on its own thread
                 f.result()
             if mmproj is not None:
-                self.images = self.threads[0].call(ImageEncoder, mmproj, self.stages[0].card)
+                self.images = self.threads[0].call(gpu_image_encoder, self.stages[0].card, mmproj)
         except BaseException:
             self.close()
             raise

@@ -28,8 +28,9 @@ from engine.cuda.vision_kernels import (
     patchify,
     split_qkv_rope,
 )
-from engine.gguf.mmproj import LoadedMmproj, mmproj_tensors
+from engine.vision.mmproj import LoadedMmproj, mmproj_tensors
 from engine.vision.config import VisionConfig
+from engine.vision.encoder import ImageEncoder
 from engine.vision.preprocess import PreparedImage
 
 
@@ -141,3 +142,8 @@ class GpuVisionTower:
         gemm(card, xn, self.fc1_w, self.fc1_b, merged, tokens, cfg.merged_width, cfg.merged_width, Epilogue.GELU_ERF, stream)
         gemm(card, merged, self.fc2_w, self.fc2_b, out, tokens, cfg.projection_dim, cfg.merged_width, Epilogue.STORE, stream)
         return out
+
+
+def gpu_image_encoder(card: CudaCard, mmproj: LoadedMmproj) -> ImageEncoder:
+    """An `ImageEncoder` whose tower runs on `card` with the fp16 kernels (uploaded now; call on the card's thread)."""
+    return ImageEncoder(mmproj, tower=GpuVisionTower.from_mmproj(card, mmproj))

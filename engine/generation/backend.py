@@ -17,7 +17,7 @@ from engine.gguf.config import ModelConfig
 from engine.model.kv_formats import kv_format
 from engine.model.load_progress import ProgressCallback, ProgressCounter
 from engine.gguf.loader import LoadedModel
-from engine.gguf.mmproj import LoadedMmproj
+from engine.vision.mmproj import LoadedMmproj
 from engine.gguf.model_file import ModelFile
 
 BACKEND_CHOICES = ("auto", "reference", "cuda")

@@ -1,1 +1,1 @@
-"""GGUF reading, validation, ModelConfig, HF converter and synthetic model writers."""
+"""GGUF reading, validation, ModelConfig and the HF converter."""

@@ -67,10 +67,10 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
             raise APIError(400, str(err), param="model") from None
 
     def inspect(model: str | None = None) -> dict[str, Any]:
-        from engine.gguf.demo_model import ensure_demo_model
+        from engine.fixtures.demo_model import ensure_demo_model
         from engine.gguf.loader import load_model
         from engine.model.model_footprint import footprint_of
-        from engine.gguf.mmproj_pairing import paired_vision_config
+        from engine.vision.mmproj_pairing import paired_vision_config
         from engine.vision.device_footprint import with_tower
 
         try:
@@ -89,7 +89,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
         if req.backend is not None and req.backend not in BACKEND_CHOICES:
             raise APIError(400, f"backend must be one of {', '.join(BACKEND_CHOICES)}", param="backend")
         if req.model is None:
-            from engine.gguf.demo_model import ensure_demo_model
+            from engine.fixtures.demo_model import ensure_demo_model
 
             host.start_load(ensure_demo_model(), req.context, req.backend, label=DEMO_LABEL)
         else:

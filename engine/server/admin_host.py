@@ -24,7 +24,7 @@ from engine.generation.backend import Backend, open_backend
 from engine.model.load_progress import LoadCancelled, LoadProgress, ProgressCallback
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model
-from engine.gguf.mmproj import LoadedMmproj
+from engine.vision.mmproj import LoadedMmproj
 from engine.server.api_errors import APIError
 from engine.server.model_service import ModelService
 from engine.server.multimodal_chat import vision_for_backend

@@ -40,7 +40,7 @@ class ModelService:
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, mmproj: str | Path | None = None) -> ModelService:
         """The model id clients send is the file name without `.gguf`; images use `mmproj`, else the
-        mmproj found beside the model (engine.gguf.mmproj_pairing), else they are refused."""
+        mmproj found beside the model (engine.vision.mmproj_pairing), else they are refused."""
         tokenizer = Tokenizer.from_model_file(loaded.file)
         return cls(model_id=loaded.path.stem, tokenizer=tokenizer, template=ChatTemplate.for_model(loaded.file.fields),
                    context_length=loaded.config.context_length, vision=open_vision(loaded, tokenizer, mmproj))

@@ -24,7 +24,7 @@ from engine.errors import RigllmError
 from engine.generation.chat_prompt import ChatPrompt
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.loader import LoadedModel
-from engine.gguf.mmproj_pairing import find_mmproj
+from engine.vision.mmproj_pairing import find_mmproj
 from engine.vision.chat_images import collect_images
 from engine.vision.encoder import ImageEncoder
 from engine.vision.image_io import ImageError

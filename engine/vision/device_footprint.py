@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from engine.model.model_footprint import Footprint
-from engine.gguf.mmproj import mmproj_tensors
+from engine.vision.mmproj import mmproj_tensors
 from engine.vision.config import VisionConfig
 
 F16, F32 = 2, 4

@@ -2,29 +2,27 @@
 
 It pairs a validated mmproj with the text model (same width), prepares images under the mmproj's
 pixel bounds and runs the vision tower: the numpy one (built on first use, so a model whose images
-run on its GPU backend never holds an fp32 copy in host memory), the fp16 GPU one (engine.cuda.vision)
-when given a card, or any given `Tower` (the server's: the backend's tower, run on the backend's
-thread). The GPU tower, like every use of a card, must be driven from the card's own thread.
+run on its GPU backend never holds an fp32 copy in host memory) or any given `Tower` (the CUDA
+backend's fp16 one, engine.cuda.vision, which the backend builds and passes in; the server's: the
+backend's tower, run on the backend's thread). A GPU tower, like every use of a card, must be driven
+from the card's own thread.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from PIL import Image
 
-from engine.gguf.mmproj import LoadedMmproj, check_pairing, load_mmproj
+from engine.vision.mmproj import LoadedMmproj, check_pairing, load_mmproj
 from engine.vision.config import VisionConfig
 from engine.vision.multimodal_prompt import EncodedImage
 from engine.vision.preprocess import PreparedImage, image_token_count, prepare_image
 from engine.vision.tower import VisionTower
-
-if TYPE_CHECKING:
-    from engine.cuda.driver import CudaCard
 
 
 class Tower(Protocol):
@@ -35,16 +33,11 @@ class Tower(Protocol):
 class ImageEncoder:
     """Images → `EncodedImage`s (merged grid + text-width embeddings) for one text model."""
 
-    def __init__(self, mmproj: LoadedMmproj, card: "CudaCard | None" = None, tower: Tower | None = None):
-        """`card`: run the tower there with the fp16 kernels (loaded now); `tower`: run this one;
-        neither: the numpy fp32 tower, loaded at the first image."""
+    def __init__(self, mmproj: LoadedMmproj, tower: Tower | None = None):
+        """`tower`: run this one (e.g. a GPU tower); None: the numpy fp32 tower, loaded at the first image."""
         self.mmproj = mmproj
         self._tower: Any = tower
         self._lock = threading.Lock()
-        if card is not None:
-            from engine.cuda.vision import GpuVisionTower
-
-            self._tower = GpuVisionTower.from_mmproj(card, mmproj)
 
     @property
     def tower(self) -> Tower:
@@ -54,12 +47,11 @@ class ImageEncoder:
             return self._tower
 
     @classmethod
-    def open(cls, mmproj_path: str | Path, text_width: int, model_label: str,
-             card: "CudaCard | None" = None) -> "ImageEncoder":
+    def open(cls, mmproj_path: str | Path, text_width: int, model_label: str) -> "ImageEncoder":
         """Load and validate `mmproj_path`, refusing one made for a model of another width."""
         mmproj = load_mmproj(mmproj_path)
         check_pairing(mmproj, text_width, model_label)
-        return cls(mmproj, card)
+        return cls(mmproj)
 
     @property
     def config(self) -> VisionConfig:

@@ -12,12 +12,14 @@ continues at `next_position` (largest position + 1), not at the token count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from engine.errors import RigllmError
-from engine.generation.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # vision sits below generation: the tokenizer is only a parameter here
+    from engine.generation.tokenizer import Tokenizer
 
 IMAGE_PAD = "<|image_pad|>"
 IMAGE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"  # what the template writes per image

@@ -13,9 +13,9 @@ import numpy as np
 from gguf import GGUFWriter, LlamaFileType
 
 from engine.gguf.gguf_stream import PlannedTensor, TensorStream
-from engine.gguf.convert_mmproj import write_mmproj_keys
+from engine.vision.convert_mmproj import write_mmproj_keys
 from engine.gguf.metadata import named_metadata
-from engine.gguf.mmproj import CLIP_ARCH, mmproj_tensors
+from engine.vision.mmproj import CLIP_ARCH, mmproj_tensors
 from engine.gguf.tensor_types import tensor_type
 from engine.vision.config import VisionConfig
 

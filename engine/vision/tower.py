@@ -13,7 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
-from engine.gguf.mmproj import LoadedMmproj, mmproj_tensors
+from engine.vision.mmproj import LoadedMmproj, mmproj_tensors
 from engine.vision.config import VisionConfig
 from engine.vision.layers import apply_rotary, gelu_erf, gelu_tanh, layernorm, rotary_2d_tables
 from engine.vision.preprocess import PreparedImage

@@ -3,7 +3,7 @@
 
 import pytest
 
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from api_fixtures import live_server, model_backend
 

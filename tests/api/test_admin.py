@@ -18,7 +18,7 @@ from engine.commands.serve import stop_requests
 from engine.errors import RigllmError
 from engine.generation.backend import open_backend
 from engine.model.load_progress import LoadProgress
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.model.model_footprint import footprint_of
 from engine.gguf.loader import load_model
 from engine.server.admin import admin_router

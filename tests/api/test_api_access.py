@@ -10,7 +10,7 @@ from keyring.backend import KeyringBackend
 from engine.cli import main
 from engine.commands.serve import api_key, register
 from engine.errors import RigllmError
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.server.access import check_cors_origins
 from api_fixtures import live_server, model_backend

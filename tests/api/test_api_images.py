@@ -48,8 +48,8 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> TinyVlm:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from engine.gguf.convert import convert
-    from engine.gguf.convert_mmproj import convert_mmproj
-    from engine.vision.tiny_vision import make_tiny_vlm
+    from engine.vision.convert_mmproj import convert_mmproj
+    from engine.fixtures.tiny_vision import make_tiny_vlm
 
     root = tmp_path_factory.mktemp("api-vlm")
     hf_dir = make_tiny_vlm(root / "hf", "gqa2-hv2", seed=0)

@@ -14,8 +14,8 @@ from test_api_images import NO_THINK, data_url, image_part
 from api_fixtures import TEST_BACKEND, live_server
 from engine.generation.backend import open_backend
 from engine.gguf.loader import load_model
-from engine.gguf.mmproj import load_mmproj
-from engine.gguf.synthetic import write_random_model
+from engine.vision.mmproj import load_mmproj
+from engine.fixtures.synthetic import write_random_model
 from engine.vision.config import VisionConfig
 from engine.vision.random_mmproj import write_random_mmproj
 

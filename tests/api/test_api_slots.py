@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from engine.generation.chat_prompt import build_chat_prompt
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.server.model_service import ModelService
 from api_fixtures import ScriptedBackend, live_server, model_backend

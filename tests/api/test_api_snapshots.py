@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.generation.snapshot_store import SUFFIX, SnapshotSettings
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.app import FixedModel, create_app
 from engine.server.model_service import ModelService

@@ -17,8 +17,8 @@ from api_fixtures import live_server
 from engine.generation.backend import open_backend
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.slots import HostSlots
-from engine.generation.speculative_fixture import write_draft_friendly_model
-from engine.gguf.demo_model import DEMO_CONFIG, demo_vocab
+from engine.fixtures.speculative_fixture import write_draft_friendly_model
+from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
 from engine.gguf.loader import load_model
 from engine.server.worker import DEFAULT_SLOTS
 

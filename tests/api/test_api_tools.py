@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.server.model_service import ModelService
 from api_fixtures import ScriptedBackend, live_server

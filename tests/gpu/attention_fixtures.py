@@ -67,8 +67,8 @@ class AttnShape:
 
 SHAPE_08B = AttnShape("0.8b", 8, 2, 256, 64, (11, 11, 10))
 SHAPE_27B = AttnShape("27b", 24, 4, 256, 64, (11, 11, 10))
-SHAPE_DEMO = AttnShape("demo_dh64", 4, 2, 64, 16, (3, 3, 2))  # engine/gguf/demo_model.py
-SHAPE_TINY = AttnShape("tiny_dh32_g4", 8, 2, 32, 8, (2, 1, 1))  # engine/gguf/tiny_models.py head dims
+SHAPE_DEMO = AttnShape("demo_dh64", 4, 2, 64, 16, (3, 3, 2))  # engine/fixtures/demo_model.py
+SHAPE_TINY = AttnShape("tiny_dh32_g4", 8, 2, 32, 8, (2, 1, 1))  # engine/fixtures/tiny_models.py head dims
 SHAPE_TINY_MHA = AttnShape("tiny_dh32_g1", 4, 4, 32, 8, (2, 1, 1))
 SHAPE_FIXTURE = AttnShape("fixture_dh128_g2", 4, 2, 128, 32, (6, 5, 5))  # tests/fixtures/trained
 SHAPES = [SHAPE_08B, SHAPE_27B, SHAPE_DEMO, SHAPE_TINY, SHAPE_TINY_MHA, SHAPE_FIXTURE]

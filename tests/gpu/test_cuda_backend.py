@@ -23,11 +23,11 @@ import pytest
 from engine.cuda.backend import CudaBackend
 from engine.generation.sampler import SamplingParams
 from engine.gguf.config import ModelConfig
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.shapes import shape_config
-from engine.gguf.synthetic import write_random_model
-from engine.gguf.synthetic_vocab import QWEN35_VOCAB_SIZE
+from engine.fixtures.synthetic import write_random_model
+from engine.fixtures.synthetic_vocab import QWEN35_VOCAB_SIZE
 from engine.reference.activation_rounding import ActivationRounding
 from engine.reference.model import ReferenceModel
 
@@ -45,7 +45,7 @@ TINY_VARIANTS = ("gqa4-hv3-l6", "gqa4-hv2-l5-tied", "mha-hv1-tied")
 def tiny_config(variant: str) -> ModelConfig:
     """The shape of a tiny transformers test model (head dim 32, GDN heads of 16, 4-6 layers), with the
     real vocabulary size so the generated Qwen3.5 vocabulary fits."""
-    from engine.gguf.tiny_models import VARIANTS, hf_config
+    from engine.fixtures.tiny_models import VARIANTS, hf_config
 
     cfg = ModelConfig.from_hf_config(hf_config(VARIANTS[variant], {"<|endoftext|>": 0, "<|im_end|>": 1}))
     return dataclasses.replace(cfg, vocab_size=QWEN35_VOCAB_SIZE)

@@ -4,7 +4,7 @@ logits of the same tokens, a rolled-back sequence equals one that never saw the 
 trained fixture's head is accepted on the card. (The card's acceptance rule on its own, with every filter:
 tests/gpu/test_speculative_sampling_gpu.py.)
 
-Models: a demo-shaped model whose head drafts well but not always (engine.generation.speculative_fixture:
+Models: a demo-shaped model whose head drafts well but not always (engine.fixtures.speculative_fixture:
 accept and reject paths both run) and the trained fixture (tests/fixtures/trained, head dim 128).
 
 Tolerances. A verify runs the K+1 tokens through the multi-row GEMV and the n-row norm where a decode step
@@ -28,8 +28,8 @@ from engine.cuda.mtp_bench import fixture_acceptance
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.generation.speculative_fixture import write_draft_friendly_model
-from engine.gguf.demo_model import DEMO_CONFIG, demo_vocab
+from engine.fixtures.speculative_fixture import write_draft_friendly_model
+from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
 from engine.gguf.loader import load_model
 from tests.chi_square import same_distribution
 

@@ -13,10 +13,10 @@ from engine.cuda.backend import CudaBackend
 from engine.cuda.pipeline import BridgeModel, CardSpec, PipelineBackend
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.shapes import shape_config
-from engine.gguf.synthetic import write_random_model
+from engine.fixtures.synthetic import write_random_model
 
 DEVICES = [int(d) for d in os.environ.get("RIGLLM_TEST_DEVICES", "0").split(",")]
 GREEDY = SamplingParams(temperature=0.0)

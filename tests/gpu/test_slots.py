@@ -12,7 +12,7 @@ from engine.cuda.backend import CudaBackend
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.server.generation_job import Finished, Job, Piece
 from engine.server.model_service import ModelService

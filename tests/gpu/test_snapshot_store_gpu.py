@@ -16,7 +16,7 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.generation.snapshot_store import SnapshotStore
 from engine.generation.snapshot_store_format import SnapshotIdentity
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 
 WANT_LOGITS = SlotRequest(SamplingParams(temperature=0.0), (), host_logits=True)

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.reference.model import ReferenceModel
 from engine.reference.sparse_attention import DENSE, Pattern

@@ -27,9 +27,9 @@ import pytest
 
 from engine.cuda.backend import CudaBackend
 from engine.cuda.pipeline import CardSpec, PipelineBackend
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.gguf.synthetic import write_random_model
+from engine.fixtures.synthetic import write_random_model
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.vision.config import VisionConfig
@@ -37,7 +37,7 @@ from engine.vision.multimodal_prompt import EncodedImage, MultimodalPrompt, expa
 from engine.vision.preprocess import PreparedImage
 from engine.vision.random_mmproj import write_random_mmproj
 from engine.vision.tower import VisionTower
-from engine.gguf.mmproj import load_mmproj
+from engine.vision.mmproj import load_mmproj
 from tests.gpu.test_cuda_backend import FLOOR_FACTOR, FP32_AGREEMENT, PERTURBATIONS, reference, rel_error, tiny_config
 
 GREEDY = SamplingParams(temperature=0.0)

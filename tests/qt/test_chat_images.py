@@ -23,8 +23,8 @@ def tiny_vlm_model(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from engine.gguf.convert import convert
-    from engine.gguf.convert_mmproj import convert_mmproj
-    from engine.vision.tiny_vision import make_tiny_vlm
+    from engine.vision.convert_mmproj import convert_mmproj
+    from engine.fixtures.tiny_vision import make_tiny_vlm
 
     root = tmp_path_factory.mktemp("app-vlm")
     hf_dir = make_tiny_vlm(root / "hf", "gqa2-hv2", seed=0)

@@ -22,7 +22,7 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Pa
     """`tiny_hf(variant, seed=0)` → path of a tiny HF folder (no GGUF inside); treat it as read-only."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from engine.gguf.tiny_models import make_tiny_model
+    from engine.fixtures.tiny_models import make_tiny_model
 
     def build(variant: str, seed: int = 0) -> Path:
         key = (variant, seed)

@@ -1,6 +1,6 @@
 """Test helpers for the loader, info and planner tests: a tiny valid qwen35 GGUF and ways to break it.
 
-Valid files come from the synthetic writer (engine.gguf.synthetic) with a tiny config and a small
+Valid files come from the synthetic writer (engine.fixtures.synthetic) with a tiny config and a small
 byte-level vocabulary. Broken files are made by reading a valid one back and rewriting it with
 changed keys or tensors (`rewrite_gguf`), or by editing its bytes.
 """
@@ -16,8 +16,8 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from engine.gguf.config import ModelConfig
 from engine.gguf.model_file import ModelFile
-from engine.gguf.synthetic import write_random_model
-from engine.gguf.synthetic_vocab import byte_symbols, generated_merges
+from engine.fixtures.synthetic import write_random_model
+from engine.fixtures.synthetic_vocab import byte_symbols, generated_merges
 from engine.gguf.vocab import Vocab
 
 N_MERGES = 32

@@ -20,7 +20,7 @@ from gguf.quants import quantize
 from engine.gguf.config import ModelConfig
 from engine.gguf.hf_tensors import hf_to_gguf_tensors
 from engine.gguf.metadata import new_writer, write_model_keys, write_quantization_version
-from engine.gguf.synthetic_vocab import byte_symbols
+from engine.fixtures.synthetic_vocab import byte_symbols
 from engine.gguf.vocab import Vocab, write_vocab
 from engine.reference import ReferenceModel
 

@@ -16,7 +16,7 @@ from engine.cuda.weights import upload_weights
 from engine.model.kv_formats import kv_format
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from fake_card import FakeCard
 

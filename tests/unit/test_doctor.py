@@ -18,7 +18,7 @@ from engine.diagnostics.host_checks import disk_check, ram_check
 from engine.diagnostics.kernel_checks import kernel_check
 from engine.diagnostics.nvml import NvmlCard, NvmlProbe
 from engine.diagnostics.pci import PciCard, nvidia_cards
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 
 GIB = 1 << 30
 NO_NVML = NvmlProbe(None, (), "NVML unavailable: NVML Shared Library Not Found")

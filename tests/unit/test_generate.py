@@ -9,7 +9,7 @@ import pytest
 from engine.generation.backend import open_backend
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.token_stream import TokenStream
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 
 

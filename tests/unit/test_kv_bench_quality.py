@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from engine.bench_kv import quality
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 
 
 def test_attention_errors_follow_the_bits():

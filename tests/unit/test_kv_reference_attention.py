@@ -3,7 +3,7 @@
 * Storage-domain attention (q rotated once, scores against stored centroids x norms, values summed
   in the rotated domain, output un-rotated once) equals plain float64 attention over the decoded
   cache: the rotation is orthogonal, so only fp32 rounding separates them (tolerance 1e-5 of max|o|).
-* The demo model (random weights, engine/gguf/demo_model.py) runs with every format; its logits stay
+* The demo model (random weights, engine/fixtures/demo_model.py) runs with every format; its logits stay
   near the exact cache's. Bounds are ~2x the measured values over 200 tokens (max relative logit
   error k8v8 0.007, 4-bit 0.072, 3-bit 0.13; KL ≤ 1.3e-3 nats) — random weights say nothing about
   quality (contracts.md), these only catch a broken codec path. A key/value swap or a missing
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from engine.model.kv_formats import KV_FORMATS
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.reference import ReferenceModel
 from engine.reference.attention import attend_stored

@@ -12,9 +12,9 @@ from test_vision_fixtures import tiny_vlm  # noqa: F401 (fixture)
 
 from engine.commands import convert as convert_cmd
 from engine.errors import ModelFileError, RigllmError
-from engine.gguf.convert_mmproj import convert_mmproj
-from engine.gguf.mmproj import load_mmproj, mmproj_tensors
-from engine.gguf.mmproj_pairing import find_mmproj
+from engine.vision.convert_mmproj import convert_mmproj
+from engine.vision.mmproj import load_mmproj, mmproj_tensors
+from engine.vision.mmproj_pairing import find_mmproj
 from engine.gguf.model_file import ModelFile
 from engine.vision.encoder import ImageEncoder
 
@@ -142,7 +142,7 @@ def test_convert_command_writes_the_mmproj_beside_the_model(tiny_vlm, tmp_path):
 
 def test_convert_refuses_mmproj_without_a_vision_tower(tmp_path):
     pytest.importorskip("transformers")
-    from engine.gguf.tiny_models import make_tiny_model
+    from engine.fixtures.tiny_models import make_tiny_model
 
     text_only = make_tiny_model(tmp_path / "t", "gqa2-hv2", gguf_type=None)
     with pytest.raises(RigllmError, match="no vision tower"):

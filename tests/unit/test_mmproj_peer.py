@@ -20,7 +20,7 @@ from test_vision_fixtures import tiny_vlm  # noqa: F401 (fixture)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peer"))
 from test_converter_peer import RUN_CONVERTER, llama_converter_root  # noqa: E402
 
-from engine.gguf.convert_mmproj import convert_mmproj  # noqa: E402
+from engine.vision.convert_mmproj import convert_mmproj  # noqa: E402
 
 pytestmark = pytest.mark.peer
 

@@ -20,7 +20,7 @@ from engine.generation.snapshot_store import (
     template_hash,
 )
 from engine.generation.snapshot_store_format import SnapshotIdentity, read_header
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.gguf.model_file import ModelFile
 

@@ -17,7 +17,7 @@ from engine.errors import RigllmError
 from engine.model.kv_formats import kv_format
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.reference.sparse_attention import DENSE, Pattern
 from engine.sparse.profile import HeadChoice, SparseProfile

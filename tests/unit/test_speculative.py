@@ -14,7 +14,7 @@ from engine.generation.backend import ReferenceBackend
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import HostSlots, SlotRequest, decode_tokens
 from engine.generation.speculative import MtpSpeculator
-from engine.generation.speculative_fixture import draft_friendly_model
+from engine.fixtures.speculative_fixture import draft_friendly_model
 from engine.generation.speculative_state import Checkpoint
 from engine.reference.model import ReferenceModel
 

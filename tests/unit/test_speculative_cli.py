@@ -8,8 +8,8 @@ import pytest
 
 from engine.cli import main
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
-from engine.generation.speculative_fixture import write_draft_friendly_model
-from engine.gguf.demo_model import DEMO_CONFIG, demo_vocab
+from engine.fixtures.speculative_fixture import write_draft_friendly_model
+from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
 
 
 @pytest.fixture(scope="module")

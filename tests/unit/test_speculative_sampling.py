@@ -15,7 +15,7 @@ import pytest
 
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.speculative import MtpSpeculator
-from engine.generation.speculative_fixture import draft_friendly_model
+from engine.fixtures.speculative_fixture import draft_friendly_model
 from engine.generation.speculative_rule import (
     dense_distribution,
     sample_dense,

@@ -11,7 +11,7 @@ import pytest
 from engine.generation.output_parser import ContentDelta
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.server.generation_job import Finished, Job, Piece
 from engine.server.model_service import ModelService

@@ -15,9 +15,9 @@ import pytest
 
 from engine.errors import ModelFileError
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
-from engine.gguf.demo_model import DEMO_CONFIG, demo_vocab, ensure_demo_model
+from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab, ensure_demo_model
 from engine.gguf.streaming_read import StreamingReader, cached_fraction, load_eta, tensor_table
-from engine.gguf.synthetic import write_random_model
+from engine.fixtures.synthetic import write_random_model
 
 MIB = 1 << 20
 

@@ -1,11 +1,11 @@
-"""`engine.gguf.demo_model`: the cached demo model is built once, rebuilt when stale, and is a working model."""
+"""`engine.fixtures.demo_model`: the cached demo model is built once, rebuilt when stale, and is a working model."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.gguf import demo_model
-from engine.gguf.demo_model import DEMO_CONFIG, DEMO_NAME, ensure_demo_model, write_demo_model
+from engine.fixtures import demo_model
+from engine.fixtures.demo_model import DEMO_CONFIG, DEMO_NAME, ensure_demo_model, write_demo_model
 from engine.gguf.model_file import ModelFile
 from engine.gguf.config import ModelConfig
 

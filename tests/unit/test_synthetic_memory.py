@@ -13,7 +13,7 @@ SCRIPT = """
 import json, resource, sys, time
 from pathlib import Path
 from engine.gguf.shapes import shape_config
-from engine.gguf.synthetic import write_random_model
+from engine.fixtures.synthetic import write_random_model
 start = time.time()
 path = write_random_model(sys.argv[1], shape_config("0.8b"), "q8_0")
 status = Path("/proc/self/status")

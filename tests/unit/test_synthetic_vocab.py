@@ -1,4 +1,4 @@
-"""`engine.gguf.synthetic_vocab`: the generated 248,320-token vocabulary is a working byte-level BPE."""
+"""`engine.fixtures.synthetic_vocab`: the generated 248,320-token vocabulary is a working byte-level BPE."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from gguf import TokenType
 from tokenizers import Tokenizer, models
 
 from engine.generation.pretokenizer import configure_byte_level
-from engine.gguf.synthetic_vocab import ALL_SPECIAL_TOKENS, byte_symbols, generated_merges, synthetic_qwen35_vocab
+from engine.fixtures.synthetic_vocab import ALL_SPECIAL_TOKENS, byte_symbols, generated_merges, synthetic_qwen35_vocab
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`engine.gguf.synthetic`: random-weight qwen35 GGUFs, written streaming and read back with ModelFile."""
+"""`engine.fixtures.synthetic`: random-weight qwen35 GGUFs, written streaming and read back with ModelFile."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from gguf import TokenType
 from engine.gguf.config import ModelConfig
 from engine.gguf.model_file import ModelFile
 from engine.gguf.shapes import SHAPES, shape_config
-from engine.gguf.synthetic import write_random_model
-from engine.gguf.synthetic_vocab import QWEN35_VOCAB_SIZE
+from engine.fixtures.synthetic import write_random_model
+from engine.fixtures.synthetic_vocab import QWEN35_VOCAB_SIZE
 from engine.gguf.tensor_layout import model_tensors
 from engine.gguf.vocab import Vocab
 

@@ -20,9 +20,9 @@ from engine.model.memory_plan import CardProfile, plan
 from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest, supports_images
-from engine.gguf.demo_model import ensure_demo_model
+from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.gguf.mmproj import load_mmproj
+from engine.vision.mmproj import load_mmproj
 from engine.vision.config import VisionConfig
 from engine.vision.device_footprint import tower_footprint, tower_scratch_bytes, tower_weight_bytes, with_tower
 from engine.vision.multimodal_prompt import EncodedImage, MultimodalPrompt, PromptSegment, expand_image_pads
@@ -235,7 +235,7 @@ def test_the_pipeline_keeps_the_tower_on_the_first_card(demo, mmproj):
 def test_plans_made_before_loading_count_the_mmproj_beside_the_model(demo, mmproj, tmp_path):
     import shutil
 
-    from engine.gguf.mmproj_pairing import paired_vision_config
+    from engine.vision.mmproj_pairing import paired_vision_config
     from engine.server.admin_footprint import footprint_from_json, footprint_to_json
 
     model = tmp_path / "model.gguf"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_vision_fixtures import hf_pixel_values, hf_vlm, random_image, tiny_vlm  # noqa: F401 (fixtures)
 
-from engine.gguf.mmproj import load_mmproj
+from engine.vision.mmproj import load_mmproj
 from engine.vision.preprocess import prepare_image
 from engine.vision.tower import VisionTower, interpolated_positions, merge_order_coords
 

@@ -23,7 +23,7 @@ from engine.errors import ModelFileError
 from engine.gguf.convert import read_config_json
 from engine.gguf.gguf_stream import PlannedTensor, TensorStream
 from engine.gguf.metadata import FILE_TYPES
-from engine.gguf.mmproj import CLIP_ARCH
+from engine.vision.mmproj import CLIP_ARCH
 from engine.gguf.safetensors_reader import SafetensorsCheckpoint
 from engine.gguf.tensor_types import tensor_type
 from engine.vision.config import PROJECTOR_TYPE, VisionConfig

@@ -48,7 +48,7 @@ def paired_vision_config(model_path: str | Path, text_width: int) -> VisionConfi
     """The tower configuration of the mmproj a server would load beside the model, for memory plans made
     before loading (the load sheet, the admin API's inspect); None when there is none or it is unusable
     (loading the model then reports why)."""
-    from engine.gguf.mmproj import check_pairing, load_mmproj
+    from engine.vision.mmproj import check_pairing, load_mmproj
 
     try:
         path = find_mmproj(model_path, text_width)

@@ -15,8 +15,8 @@ from pathlib import PurePath
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
-from engine.cuda.pipeline import CardSpec
-from engine.generation.backend import open_backend
+from engine.generation.backend import CardSpec
+from engine.backends import open_backend
 from engine.model.load_progress import LoadCancelled, LoadProgress
 from engine.generation.snapshot_store import SnapshotSettings, default_host_budget
 from engine.fixtures.demo_model import ensure_demo_model

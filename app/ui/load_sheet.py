@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QGridLayout, QGr
                                QLabel, QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QProgressBar, QPushButton,
                                QSlider, QSpinBox, QVBoxLayout, QWidget)
 
-from engine.generation.backend import BACKEND_CHOICES
+from engine.backends import BACKEND_CHOICES
 from engine.model.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
 from engine.model.load_progress import LoadProgress
 from engine.model.memory_plan import format_bytes

@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from engine.errors import RigllmError
     from engine.fixtures.evaluate import evaluate
     from engine.fixtures.tasks import TASKS
-    from engine.generation.backend import ReferenceBackend, open_backend
+    from engine.backends import open_backend
+    from engine.reference.backend import ReferenceBackend
     from engine.generation.tokenizer import Tokenizer
     from engine.gguf.loader import load_model
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.commands.placement_args import add_placement_args, placement_options
-from engine.generation.backend import BACKEND_CHOICES
+from engine.backends import BACKEND_CHOICES
 
 if TYPE_CHECKING:
     from engine.generation.backend import Backend
@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.errors import RigllmError
-    from engine.generation.backend import open_backend
+    from engine.backends import open_backend
     from engine.generation.chat_prompt import build_chat_prompt
     from engine.generation.chat_template import ChatTemplate
     from engine.generation.detokenizer import IncrementalDetokenizer
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStream | None:
     """The speculating view of a reference `backend` when `--mtp on` and its model has an MTP head (the CUDA
     backend on one card speculates by itself, see `open_backend`)."""
-    from engine.generation.backend import ReferenceBackend
+    from engine.reference.backend import ReferenceBackend
     from engine.generation.speculative_stream import SpeculativeStream
 
     if args.mtp == "off":
@@ -221,7 +221,7 @@ def _with_images(backend: Backend, images: _Images, prompt_ids: list[int]) -> tu
     """Encode the images (on the backend's card when it holds the tower, else with the numpy tower) and
     return the backend that prefills the expanded prompt, with the prompt's ids."""
     from engine.errors import RigllmError
-    from engine.generation.backend import ReferenceBackend
+    from engine.reference.backend import ReferenceBackend
     from engine.vision.multimodal_prompt import EncodedImage, expand_image_pads
     from engine.vision.prompt_backend import EmbeddedPromptBackend, ImagePromptBackend
 

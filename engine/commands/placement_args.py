@@ -30,7 +30,7 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
 
 def placement_options(args: argparse.Namespace) -> dict[str, Any]:
     """`open_backend` keyword arguments (kv, cards, split, sparse) from the parsed options."""
-    from engine.cuda.pipeline import CardSpec
+    from engine.generation.backend import CardSpec
     from engine.model.kv_formats import kv_format
 
     kv_format(args.kv)  # refuses an unknown format with the list of valid ones

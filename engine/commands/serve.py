@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.commands.placement_args import add_placement_args, placement_options
-from engine.generation.backend import BACKEND_CHOICES
+from engine.backends import BACKEND_CHOICES
 from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard
 from engine.cuda.sequence import DeviceSequence
-from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.slot_decoder import DEFAULT_CHUNK, SlotDecoder
 from engine.cuda.weights import has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
 from engine.model.kv_formats import kv_format
 from engine.model.load_progress import ProgressCallback, ProgressCounter
@@ -36,7 +36,6 @@ from engine.vision.encoder import ImageEncoder, loaded_tower
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
 
-DEFAULT_CHUNK = 256
 
 
 class CudaBackend:

@@ -31,7 +31,7 @@ import numpy as np
 
 from engine.cuda.card_thread import CardThread
 from engine.cuda.driver import CudaCard
-from engine.cuda.slot_decoder import SlotDecoder, embedded_runs
+from engine.cuda.slot_decoder import DEFAULT_CHUNK, SlotDecoder, embedded_runs
 from engine.cuda.weights import ModelWeights, trunk_bytes, upload_weights
 from engine.errors import RigllmError
 from engine.model.kv_formats import KVFormat, kv_format
@@ -39,6 +39,7 @@ from engine.model.load_progress import ProgressCallback, ProgressCounter
 from engine.model.memory_plan import CardProfile, MemoryPlan, layer_cuts, plan
 from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
+from engine.generation.backend import CardSpec
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
@@ -50,14 +51,7 @@ from engine.vision.encoder import ImageEncoder, loaded_tower
 from engine.vision.multimodal_prompt import PromptSegment
 from engine.vision.preprocess import PreparedImage
 
-DEFAULT_CHUNK = 256
 WeightsFor = Callable[[CudaCard, range, ProgressCounter], ModelWeights]
-
-
-@dataclass(frozen=True)
-class CardSpec:
-    device: int = 0  # physical GPU index (several logical cards may share one)
-    capacity_bytes: int | None = None  # cap this card's memory (a "logical card"); None: the GPU's own
 
 
 @dataclass(frozen=True)

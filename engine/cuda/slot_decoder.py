@@ -49,6 +49,7 @@ from engine.sparse.profile import SparseProfile
 from engine.vision.multimodal_prompt import PromptSegment
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
+DEFAULT_CHUNK = 256  # prefill tokens per forward (the CUDA backends' default `chunk`)
 MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots and sampling modes seen)
 
 GraphKey = tuple[tuple[int, bool], ...]  # (slot, greedy) in slot order

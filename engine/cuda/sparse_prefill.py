@@ -1,6 +1,6 @@
 """A sparse profile applied to the CUDA forward pass: which prefill chunks of which layers go sparse, and how.
 
-The rule is the reference's (engine.sparse.reference_hook), so both backends run the same attention:
+The rule is the reference's (engine.reference.sparse_prefill), so both backends run the same attention:
 a chunk of an attention layer is sparse when the profile names the layer, the chunk holds at least two
 tokens (decode stays dense) and the sequence reaches the profile's minimum length with this chunk
 (`pos + n >= min_length`, the reference's `cache.length`). Layers whose heads are all dense keep the

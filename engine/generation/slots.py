@@ -9,13 +9,14 @@ natively with on-device sampling.
 
 Images are an optional capability (`ImagePrefill`): a slot backend with `supports_images` true also
 prefills prompt segments that carry image embedding rows and M-RoPE positions. `HostSlots` has it
-over the reference backend; the CUDA backends have it natively when loaded with an mmproj (vision tower).
+over a backend with `forward_embedded` (the reference's); the CUDA backends have it natively when
+loaded with an mmproj (vision tower).
 
 Speculative decoding is another (engine.generation.speculative): a step may then return several
 tokens for a slot (`Pick.extra`); all but the last are already consumed by the slot's state, and the
-last is the one fed at the next step. `HostSlots` speculates over a reference model with an MTP head
-(on by default, off per backend or per request with `SlotRequest.speculative`); the CUDA backend on one
-card does it natively (engine.cuda.speculative).
+last is the one fed at the next step. `HostSlots` speculates over a backend's `speculative_model` (the
+reference's, when it has an MTP head; on by default, off per backend or per request with
+`SlotRequest.speculative`); the CUDA backend on one card does it natively (engine.cuda.speculative).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from engine.errors import RigllmError
-from engine.generation.backend import Backend, ReferenceBackend
+from engine.generation.backend import Backend, takes_embeddings
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.speculative import MtpSpeculator, SpeculationStats, speculation_rng
-from engine.generation.speculative_state import MtpTrail
+from engine.reference.speculative_state import MtpTrail
 from engine.gguf.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -137,10 +138,11 @@ class HostSlots:
 
     Snapshots work when the backend's sequence objects have `snapshot()`/`restore()` (the reference's
     `SequenceState` does); otherwise `snapshot_slot` returns None and prefix reuse is limited to a
-    slot's live state. Images work over the reference backend, whose model takes embedding rows and
-    3-component positions (its state keeps the next position for decoding).
+    slot's live state. Images work over a backend with `forward_embedded` (the reference's: its model
+    takes embedding rows and 3-component positions, its state keeps the next position for decoding).
 
-    With `speculative` (default) and a reference model that has an MTP head, every slot keeps the head's
+    With `speculative` (default) and a backend whose `speculative_model` (a host model with an MTP head,
+    the reference's) is not None, every slot keeps the head's
     cache in step with its trunk (one head row per token, batched) and decodes requests that allow it
     with `draft_tokens` drafts per verify; `speculation_stats` counts the rounds. A slot that saw images
     stops speculating until it is reset (the head's positions for image rows are unsettled, spec §6.10).
@@ -156,11 +158,11 @@ class HostSlots:
         self.config = backend.config
         self.slot_count = slot_count
         self.prefill_chunk = getattr(backend, "prefill_chunk", self.DEFAULT_PREFILL_CHUNK)
-        model = backend.model if isinstance(backend, ReferenceBackend) else None
-        self.speculator = MtpSpeculator(model, draft_tokens) if speculative and model and model.mtp else None
+        model = getattr(backend, "speculative_model", None)
+        self.speculator = MtpSpeculator(model, draft_tokens) if speculative and model is not None else None
         self._slots = [self._new_slot() for _ in range(slot_count)]
         self.can_snapshot = all(hasattr(self._slots[0].sequence, name) for name in ("snapshot", "restore"))
-        self.supports_images = isinstance(backend, ReferenceBackend)
+        self.supports_images = takes_embeddings(backend)
 
     @property
     def speculation_stats(self) -> SpeculationStats | None:
@@ -187,13 +189,11 @@ class HostSlots:
         return self.backend.forward_last(token_ids, s.sequence)
 
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
-        if not isinstance(self.backend, ReferenceBackend):
+        if not self.supports_images:
             raise RuntimeError(f"the {self.name} backend cannot take image embeddings")
-        s, model = self._slots[slot], self.backend.model
+        s = self._slots[slot]
         s.trail = None
-        hidden = model.forward_hidden(segment.token_ids, s.sequence, segment.positions, segment.embeddings,
-                                      segment.embedding_rows)
-        s.logits = model.logits(hidden[-1:])[0]
+        s.logits = self.backend.forward_embedded(segment, s.sequence)  # type: ignore[attr-defined]
 
     def begin(self, slot: int, request: SlotRequest) -> Pick:
         s = self._slots[slot]

@@ -27,7 +27,7 @@ import numpy as np
 
 from engine.generation.sampler import Sampler
 from engine.generation.speculative_rule import AcceptRule, dense_distribution, sample_dense, speculative_sampling
-from engine.generation.speculative_state import Checkpoint, MtpTrail
+from engine.reference.speculative_state import Checkpoint, MtpTrail
 from engine.reference.model import ReferenceModel
 from engine.reference.state import SequenceState
 

@@ -11,16 +11,16 @@ from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
-from engine.generation.backend import ReferenceBackend
+from engine.generation.backend import Backend
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import HostSlots, decode_tokens
 from engine.generation.speculative import SpeculationStats
 
 
 class SpeculativeStream:
-    """Slot 0 of `HostSlots` over a reference backend whose model has an MTP head."""
+    """Slot 0 of `HostSlots` over a backend whose `speculative_model` has an MTP head (the reference's)."""
 
-    def __init__(self, backend: ReferenceBackend, draft_tokens: int = 1):
+    def __init__(self, backend: Backend, draft_tokens: int = 1):
         self.slots = HostSlots(backend, 1, speculative=True, draft_tokens=draft_tokens)
         if self.slots.speculator is None:
             raise ValueError("the model has no MTP head to speculate with")

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import RigllmError
-from engine.generation.backend import BACKEND_CHOICES
+from engine.backends import BACKEND_CHOICES
 from engine.model.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
 from engine.server.admin_footprint import footprint_to_json
 from engine.server.admin_host import DEMO_LABEL, ModelHost

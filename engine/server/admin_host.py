@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import RigllmError
-from engine.generation.backend import Backend, open_backend
+from engine.backends import open_backend
+from engine.generation.backend import Backend
 from engine.model.load_progress import LoadCancelled, LoadProgress, ProgressCallback
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model

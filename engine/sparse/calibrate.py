@@ -21,7 +21,7 @@ from engine.reference.model import ReferenceModel
 from engine.reference.sparse_attention import DENSE, KINDS, Pattern, density, head_masks
 from engine.reference.state import KVCache
 from engine.sparse.profile import HeadChoice
-from engine.sparse.reference_hook import indices_for, layer_of_weights
+from engine.reference.sparse_prefill import indices_for, layer_of_weights
 
 # layer, number of heads → the pattern sets to measure there (one pattern per head in each set)
 PatternSets = Callable[[int, int], list[list[Pattern]]]

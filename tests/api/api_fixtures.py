@@ -18,7 +18,9 @@ import numpy as np
 import openai
 import uvicorn
 
-from engine.generation.backend import Backend, open_backend
+from engine.backends import open_backend
+
+from engine.generation.backend import Backend
 from engine.gguf.loader import LoadedModel
 from engine.server.admin_host import ModelHost
 from engine.server.app import create_app

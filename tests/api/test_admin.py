@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from engine.cli import main
 from engine.commands.serve import stop_requests
 from engine.errors import RigllmError
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.model.load_progress import LoadProgress
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.model.model_footprint import footprint_of

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from api_fixtures import ScriptedBackend, live_server
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.generation.chat_prompt import build_chat_prompt
 from engine.generation.chat_template import ChatTemplate
 from engine.generation.tokenizer import Tokenizer

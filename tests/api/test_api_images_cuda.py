@@ -12,7 +12,7 @@ import pytest
 from test_api_images import NO_THINK, data_url, image_part
 
 from api_fixtures import TEST_BACKEND, live_server
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.gguf.loader import load_model
 from engine.vision.mmproj import load_mmproj
 from engine.fixtures.synthetic import write_random_model

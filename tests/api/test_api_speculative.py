@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from api_fixtures import live_server
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.slots import HostSlots
 from engine.fixtures.speculative_fixture import write_draft_friendly_model

@@ -289,7 +289,7 @@ def reference_acceptance(k: int, length: int = 256, samples: int = 10) -> float:
     """Greedy MTP acceptance of the reference backend (HostSlots + MtpSpeculator) on the answers that
     `fixture_acceptance` decodes (same samples, same K)."""
     from engine.fixtures.tasks import SampleBuilder
-    from engine.generation.backend import open_backend
+    from engine.backends import open_backend
     from engine.generation.slots import HostSlots, decode_tokens
     from engine.generation.tokenizer import Tokenizer
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.cuda.pipeline import BridgeModel, CardSpec, PipelineBackend
+from engine.cuda.pipeline import BridgeModel, PipelineBackend
+from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.fixtures.demo_model import ensure_demo_model

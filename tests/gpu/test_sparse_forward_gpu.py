@@ -37,7 +37,7 @@ from engine.reference.model import ReferenceModel
 from engine.reference.sparse_attention import DENSE, Pattern
 from engine.reference.state import SequenceState
 from engine.sparse.profile import HeadChoice, SparseProfile
-from engine.sparse.reference_hook import sparse_prefill
+from engine.reference.sparse_prefill import sparse_prefill
 from tests.gpu.test_cuda_backend import FLOOR_FACTOR, FP32_AGREEMENT, PERTURBATIONS, reference, rel_error
 
 CHUNK = 64

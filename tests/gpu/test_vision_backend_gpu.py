@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.cuda.pipeline import CardSpec, PipelineBackend
+from engine.cuda.pipeline import PipelineBackend
+from engine.generation.backend import CardSpec
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from engine.fixtures.synthetic import write_random_model

@@ -12,7 +12,7 @@ from app.chat_engine import ChatEngine, ModelInfo
 from app.chat_records import Attachment, Message
 from app.settings import AppSettings
 from conftest import Recorder
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.gguf.loader import load_model
 from engine.server.model_service import ModelService
 from engine.server.worker import GenerationWorker

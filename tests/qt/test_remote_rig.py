@@ -212,7 +212,7 @@ def gated_rig():
 
     import uvicorn
 
-    from engine.generation.backend import open_backend
+    from engine.backends import open_backend
     from engine.model.load_progress import LoadProgress
     from engine.server.admin import admin_router
     from engine.server.admin_host import ModelHost

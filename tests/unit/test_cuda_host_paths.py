@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cuda.pipeline import CardSpec, PipelineBackend
+from engine.cuda.pipeline import PipelineBackend
+
+from engine.generation.backend import CardSpec
 from engine.cuda.pipeline_bench import pipeline_decode_speed
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights

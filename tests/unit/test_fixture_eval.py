@@ -16,7 +16,7 @@ import pytest
 from engine.errors import RigllmError
 from engine.fixtures.evaluate import evaluate
 from engine.fixtures.tasks import TASKS
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.loader import load_model
 
@@ -106,7 +106,7 @@ def test_eval_fixture_errors(argv: list[str], message: str) -> None:
 def test_a_card_backend_gets_the_kv_format_and_the_evaluator_none(monkeypatch) -> None:
     """On the GPU the backend's own sequences hold the format; the reference evaluator keeps its own state."""
     import engine.fixtures.evaluate as evaluate_module
-    import engine.generation.backend as backend_module
+    import engine.backends as backend_module
 
     seen = {}
 

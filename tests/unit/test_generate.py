@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.token_stream import TokenStream
 from engine.fixtures.demo_model import ensure_demo_model

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.generation.backend import open_backend
+from engine.backends import open_backend
 from engine.generation.chat_template import ChatTemplate
 from engine.generation.prefix_cache import TieredPrefixCache
 from engine.generation.slots import HostSlots, SlotSnapshot

@@ -29,7 +29,7 @@ from engine.sparse.profile import (
     model_identity,
     profile_path,
 )
-from engine.sparse.reference_hook import sparse_prefill
+from engine.reference.sparse_prefill import sparse_prefill
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-f32.gguf"
 BLOCK, N_TOKENS = 32, 512

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.generation.backend import ReferenceBackend
+from engine.reference.backend import ReferenceBackend
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import HostSlots, SlotRequest, decode_tokens
 from engine.generation.speculative import MtpSpeculator
 from engine.fixtures.speculative_fixture import draft_friendly_model
-from engine.generation.speculative_state import Checkpoint
+from engine.reference.speculative_state import Checkpoint
 from engine.reference.model import ReferenceModel
 
 GREEDY = SamplingParams(temperature=0.0)

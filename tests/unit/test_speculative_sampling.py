@@ -21,7 +21,7 @@ from engine.generation.speculative_rule import (
     sample_dense,
     speculative_sampling,
 )
-from engine.generation.speculative_state import MtpTrail
+from engine.reference.speculative_state import MtpTrail
 from tests.chi_square import chi_square_fits
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from engine.cuda import backend as cuda_backend
-from engine.cuda.pipeline import CardSpec, PipelineBackend
+from engine.cuda.pipeline import PipelineBackend
+from engine.generation.backend import CardSpec
 from engine.cuda.slot_decoder import SlotDecoder, embedded_runs
 from engine.cuda.weights import upload_weights
 from engine.errors import RigllmError

@@ -11,7 +11,8 @@ import pytest
 from test_vision_fixtures import random_image, tiny_vlm  # noqa: F401 (fixture)
 
 from engine.errors import RigllmError
-from engine.generation.backend import ReferenceBackend, open_backend
+from engine.backends import open_backend
+from engine.reference.backend import ReferenceBackend
 from engine.generation.slots import HostSlots
 from engine.gguf.loader import load_model
 from engine.server.model_service import ModelService

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,7 +17,9 @@ from engine.reference.attention import AttentionWeights, attention_masks
 from engine.reference.model import ReferenceModel
 from engine.reference.sparse_attention import Pattern, head_indices, head_masks
 from engine.reference.state import KVCache
-from engine.sparse.profile import SparseProfile
+
+if TYPE_CHECKING:  # the profile file's reader (engine.sparse) sits above the reference it calibrates
+    from engine.sparse.profile import SparseProfile
 
 
 def layer_of_weights(model: ReferenceModel) -> dict[int, int]:

@@ -20,9 +20,9 @@ from PySide6.QtCore import QObject, Signal
 from engine.errors import RigllmError
 from engine.generation.chat_prompt import ChatPrompt, build_chat_prompt
 from engine.gguf.loader import LoadedModel
-from engine.server.generation_job import Failed, Finished, Job, Piece
-from engine.server.model_service import ModelService
-from engine.server.worker import GenerationWorker
+from engine.generation.serving.generation_job import Failed, Finished, Job, Piece
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.worker import GenerationWorker
 
 from app.chat_records import Attachment, Message
 from app.settings import AppSettings

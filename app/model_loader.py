@@ -21,9 +21,9 @@ from engine.model.load_progress import LoadCancelled, LoadProgress
 from engine.generation.snapshot_store import SnapshotSettings, default_host_budget
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model
-from engine.server.model_service import ModelService
-from engine.server.multimodal_chat import vision_for_backend
-from engine.server.worker import GenerationWorker
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.multimodal_chat import vision_for_backend
+from engine.generation.serving.worker import GenerationWorker
 
 from app.chat_engine import ChatEngine, ModelInfo
 from app.engine_thread import EngineThread

@@ -23,7 +23,7 @@ import httpx
 from PySide6.QtCore import QObject, Signal
 
 from engine.generation.output_parser import ContentDelta, ParseEvent, ReasoningDelta, ToolCall
-from engine.server.generation_job import Finished
+from engine.generation.serving.generation_job import Finished
 
 from app.chat_engine import ModelInfo, data_url_image_part, prompt_messages
 from app.chat_records import Message

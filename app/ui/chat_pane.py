@@ -21,8 +21,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QS
 
 from engine.errors import RigllmError
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
-from engine.server.generation_job import Finished
-from engine.server.worker import QueueFull
+from engine.generation.serving.generation_job import Finished
+from engine.generation.serving.worker import QueueFull
 
 from app.chat_engine import ChatEngine, ImageInputError
 from app.chat_records import COMPLETE, FAILED, STOPPED, STREAMING, Attachment, Message

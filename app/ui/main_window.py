@@ -16,7 +16,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QPushButton,
                                QSplitter, QTabWidget)
 
-from engine.server.generation_job import Finished
+from engine.generation.serving.generation_job import Finished
 from engine.telemetry import RigSnapshot, TelemetrySource
 
 from app import chat_export, settings as settings_io

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.commands.placement_args import add_placement_args, placement_options
 from engine.backends import BACKEND_CHOICES
-from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
+from engine.generation.serving.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -35,7 +35,7 @@ from engine.model.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT
 from engine.server.admin_footprint import footprint_to_json
 from engine.server.admin_host import DEMO_LABEL, ModelHost
 from engine.server.admin_logs import LogRing
-from engine.server.api_errors import APIError
+from engine.generation.serving.request_error import APIError
 from engine.telemetry import TelemetrySource
 
 MAX_LOG_RECORDS = 2000

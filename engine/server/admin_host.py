@@ -26,10 +26,10 @@ from engine.model.load_progress import LoadCancelled, LoadProgress, ProgressCall
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model
 from engine.vision.mmproj import LoadedMmproj
-from engine.server.api_errors import APIError
-from engine.server.model_service import ModelService
-from engine.server.multimodal_chat import vision_for_backend
-from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS, GenerationWorker
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.multimodal_chat import vision_for_backend
+from engine.generation.serving.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS, GenerationWorker
 
 log = logging.getLogger("rigllm.admin")
 

@@ -1,5 +1,8 @@
 """Errors in OpenAI's JSON shape, so clients show our message instead of a parse failure.
 
+The refusals themselves (`APIError`) are raised below HTTP, by the serving machinery too
+(engine.generation.serving.request_error); this module maps them and FastAPI's own errors to responses.
+
 Every failure a client can cause maps to a 4xx here; only our own bugs reach the 500 handler.
 """
 
@@ -12,21 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.generation.serving.request_error import APIError
+
 log = logging.getLogger("rigllm.server")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           503: "server_busy"}
-
-
-class APIError(Exception):
-    """A request we refuse, with the status code and OpenAI error fields to send back."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:

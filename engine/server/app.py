@@ -19,13 +19,16 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.server.api_errors import APIError, error_response, install_error_handlers
-from engine.server.generation_job import AsyncSink, Failed, Job
-from engine.server.model_service import ModelService
+from engine.generation.serving.request_error import APIError
+
+from engine.server.api_errors import error_response, install_error_handlers
+from engine.generation.serving.generation_job import AsyncSink, Failed, Job
+from engine.generation.serving.model_service import ModelService
+from engine.server.request_jobs import chat_job, check_model, completion_job
 from engine.server.responses import CompletionShape, collect, stream_chunks
 from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
-from engine.server.worker import GenerationWorker, QueueFull
+from engine.generation.serving.worker import GenerationWorker, QueueFull
 
 OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
 
@@ -103,7 +106,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
 
     async def one_model(model_id: str) -> dict[str, Any]:
         service, _ = models.require()
-        service.check_model(model_id)
+        check_model(service, model_id)
         return model_card(service)
 
     async def health() -> dict[str, Any]:
@@ -132,8 +135,8 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     async def answer(req: ChatCompletionRequest | CompletionRequest, chat: bool):
         service, worker = models.require()
         sink = AsyncSink(asyncio.get_running_loop())
-        make_job = service.chat_job if chat else service.completion_job
-        job = await asyncio.to_thread(make_job, req, sink)
+        make_job = chat_job if chat else completion_job
+        job = await asyncio.to_thread(make_job, service, req, sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await run(worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)

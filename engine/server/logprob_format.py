@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.generation.logprobs import MAX_TOP_LOGPROBS
-from engine.server.api_errors import APIError
-from engine.server.generation_job import LogprobEntry
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.generation_job import LogprobEntry
 from engine.server.wire import ChatCompletionRequest, SamplingFields
 
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for the legacy `logprobs` integer

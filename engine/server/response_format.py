@@ -6,7 +6,7 @@ from typing import Any
 
 from engine.generation.json_constraint import JsonConstraint, json_vocab
 from engine.generation.tokenizer import Tokenizer
-from engine.server.api_errors import APIError
+from engine.generation.serving.request_error import APIError
 
 
 def json_constraint_for(response_format: dict[str, Any] | None, tokenizer: Tokenizer) -> JsonConstraint | None:

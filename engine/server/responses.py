@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall, ToolCallArguments, ToolCallStart
 from engine.server.api_errors import error_body
-from engine.server.generation_job import AsyncSink, Failed, Finished, Job, Piece
+from engine.generation.serving.generation_job import AsyncSink, Failed, Finished, Job, Piece
 from engine.server.logprob_format import logprobs_payload
 
 

@@ -15,8 +15,9 @@ from pydantic import Field
 
 from engine.errors import RigllmError
 from engine.generation.thinking_switch import choose_thinking
-from engine.server.api_errors import APIError
-from engine.server.model_service import ModelService, template_message
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.model_service import ModelService
+from engine.server.request_jobs import check_model, template_message
 from engine.server.wire import ChatMessage, RequestBody
 
 
@@ -37,7 +38,7 @@ class DetokenizeRequest(RequestBody):
 
 
 def tokenize(service: ModelService, req: TokenizeRequest) -> dict[str, Any]:
-    service.check_model(req.model)
+    check_model(service, req.model)
     if (req.content is None) == (req.messages is None):
         raise APIError(400, "give exactly one of 'content' or 'messages'", param="content")
     if req.content is not None:
@@ -60,7 +61,7 @@ def tokenize(service: ModelService, req: TokenizeRequest) -> dict[str, Any]:
 
 
 def detokenize(service: ModelService, req: DetokenizeRequest) -> dict[str, Any]:
-    service.check_model(req.model)
+    check_model(service, req.model)
     size = service.tokenizer.vocab_size
     for i, token in enumerate(req.tokens):
         if not 0 <= token < size:

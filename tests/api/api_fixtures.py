@@ -24,8 +24,8 @@ from engine.generation.backend import Backend
 from engine.gguf.loader import LoadedModel
 from engine.server.admin_host import ModelHost
 from engine.server.app import create_app
-from engine.server.model_service import ModelService
-from engine.server.worker import DEFAULT_SLOTS
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.worker import DEFAULT_SLOTS
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.server.model_service import ModelService
+from engine.generation.serving.model_service import ModelService
 from api_fixtures import ScriptedBackend, live_server
 
 STEP_SECONDS = 0.01  # 2000 tokens would take 20 s if the stream were not stopped

@@ -209,14 +209,15 @@ def test_backend_without_the_image_path_refuses_images_before_queueing(loaded):
 
 def test_images_the_backend_cannot_run_cost_no_tower_time(loaded, monkeypatch):
     """With the worker's `supports_images` passed in, the refusal comes before the vision tower runs."""
-    from engine.server.api_errors import APIError
-    from engine.server.model_service import ModelService
+    from engine.generation.serving.request_error import APIError
+    from engine.generation.serving.model_service import ModelService
     from engine.server.wire import ChatCompletionRequest
+    from engine.server.request_jobs import chat_job
 
     service = ModelService.from_loaded(loaded)
     encoded = []
     monkeypatch.setattr(service.vision.encoder, "encode", encoded.append)
     request = ChatCompletionRequest(messages=ONE)
     with pytest.raises(APIError, match="opened without the model's vision tower") as info:
-        service.chat_job(request, lambda _event: None, backend_takes_images=False)
+        chat_job(service, request, lambda _event: None, backend_takes_images=False)
     assert info.value.status == 400 and encoded == []

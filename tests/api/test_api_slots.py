@@ -9,7 +9,7 @@ import pytest
 from engine.generation.chat_prompt import build_chat_prompt
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.server.model_service import ModelService
+from engine.generation.serving.model_service import ModelService
 from api_fixtures import ScriptedBackend, live_server, model_backend
 
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}

@@ -16,8 +16,8 @@ from engine.generation.snapshot_store import SUFFIX, SnapshotSettings
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import LoadedModel, load_model
 from engine.server.app import FixedModel, create_app
-from engine.server.model_service import ModelService
-from engine.server.worker import GenerationWorker
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.worker import GenerationWorker
 from api_fixtures import model_backend
 
 CHAT = [{"role": "user", "content": "Tell me about the rig in the garage and its cards. " * 6}]

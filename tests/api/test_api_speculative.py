@@ -20,7 +20,7 @@ from engine.generation.slots import HostSlots
 from engine.fixtures.speculative_fixture import write_draft_friendly_model
 from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
 from engine.gguf.loader import load_model
-from engine.server.worker import DEFAULT_SLOTS
+from engine.generation.serving.worker import DEFAULT_SLOTS
 
 OFF = {"speculative": False}
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}

@@ -11,7 +11,7 @@ import pytest
 
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.server.model_service import ModelService
+from engine.generation.serving.model_service import ModelService
 from api_fixtures import ScriptedBackend, live_server
 
 TOOLS = [{"type": "function", "function": {

@@ -1,6 +1,6 @@
 """Stop strings split across deltas are still caught, and nothing before them is held back for good."""
 
-from engine.server.stop_strings import StopMatcher
+from engine.generation.serving.stop_strings import StopMatcher
 
 
 def feed_all(stops, deltas):

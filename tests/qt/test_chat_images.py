@@ -14,8 +14,8 @@ from app.settings import AppSettings
 from conftest import Recorder
 from engine.backends import open_backend
 from engine.gguf.loader import load_model
-from engine.server.model_service import ModelService
-from engine.server.worker import GenerationWorker
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.worker import GenerationWorker
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from engine.generation.json_constraint import START_STATE, JsonConstraint, JsonVocab, closing_cost, run, step
 from engine.generation.sampler import SamplingParams
-from engine.server.host_pick import HostPicker
+from engine.generation.serving.host_pick import HostPicker
 from tokenizer_fixtures import trained_tokenizer
 
 REJECTED = np.iinfo(np.int16).max

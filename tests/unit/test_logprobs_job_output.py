@@ -6,7 +6,7 @@ import pytest
 
 from engine.generation.logprobs import TokenLogprob
 from engine.generation.sampler import SamplingParams
-from engine.server.generation_job import Finished, Job, JobOutput, Piece
+from engine.generation.serving.generation_job import Finished, Job, JobOutput, Piece
 from tokenizer_fixtures import trained_tokenizer
 
 

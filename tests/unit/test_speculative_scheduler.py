@@ -13,9 +13,9 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from engine.server.generation_job import Finished, Job, Piece
-from engine.server.model_service import ModelService
-from engine.server.scheduler import Scheduler
+from engine.generation.serving.generation_job import Finished, Job, Piece
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.scheduler import Scheduler
 
 
 class RunSlots:

@@ -15,10 +15,10 @@ from engine.backends import open_backend
 from engine.reference.backend import ReferenceBackend
 from engine.generation.slots import HostSlots
 from engine.gguf.loader import load_model
-from engine.server.model_service import ModelService
-from engine.server.multimodal_chat import Vision, vision_for_backend
-from engine.server.owner_tasks import OwnerTasks
-from engine.server.worker import GenerationWorker
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.multimodal_chat import Vision, vision_for_backend
+from engine.generation.serving.owner_tasks import OwnerTasks
+from engine.generation.serving.worker import GenerationWorker
 from engine.vision.encoder import ImageEncoder
 from engine.vision.preprocess import PreparedImage
 from engine.vision.tower import VisionTower

@@ -21,8 +21,8 @@ from engine.generation.logprobs import TokenLogprob
 from engine.generation.output_parser import THINK_CLOSE, OutputParser, ParseEvent
 from engine.generation.sampler import SamplingParams
 from engine.generation.tokenizer import Tokenizer
-from engine.server.host_pick import HostPicker
-from engine.server.stop_strings import StopMatcher
+from engine.generation.serving.host_pick import HostPicker
+from engine.generation.serving.stop_strings import StopMatcher
 from engine.vision.multimodal_prompt import MultimodalPrompt
 
 

@@ -32,9 +32,9 @@ from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import ImagePrefill, Pick, SlotBackend, SlotRequest, supports_images
 from engine.generation.tokenizer import Tokenizer
-from engine.server.generation_job import Failed, Job, JobOutput
-from engine.server.multimodal_chat import IMAGES_UNSUPPORTED
-from engine.server.owner_tasks import OwnerTasks, Wake
+from engine.generation.serving.generation_job import Failed, Job, JobOutput
+from engine.generation.serving.multimodal_chat import IMAGES_UNSUPPORTED
+from engine.generation.serving.owner_tasks import OwnerTasks, Wake
 
 log = logging.getLogger("rigllm.server")
 

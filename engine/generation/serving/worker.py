@@ -23,11 +23,11 @@ from engine.generation.prefix_cache import PrefixCache, TieredPrefixCache
 from engine.generation.slots import slot_backend
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.generation.tokenizer import Tokenizer
-from engine.server.api_errors import APIError
-from engine.server.generation_job import Job
-from engine.server.multimodal_chat import IMAGES_UNSUPPORTED
-from engine.server.owner_tasks import WAKE, Wake
-from engine.server.scheduler import Scheduler
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.generation_job import Job
+from engine.generation.serving.multimodal_chat import IMAGES_UNSUPPORTED
+from engine.generation.serving.owner_tasks import WAKE, Wake
+from engine.generation.serving.scheduler import Scheduler
 from engine.vision.preprocess import PreparedImage
 
 DEFAULT_SLOTS = 4

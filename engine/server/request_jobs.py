@@ -1,0 +1,135 @@
+"""API requests turned into generation `Job`s for the loaded model (`ModelService`).
+
+Everything that can reject a request happens here, before a job is queued, so a bad request costs
+no generation time and always gets a 400 (or 404) instead of failing mid-stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.errors import RigllmError
+from engine.generation.output_parser import CALL_OPEN
+from engine.generation.sampler import SamplingParams
+from engine.generation.serving.generation_job import Event, Job
+from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.request_error import APIError
+from engine.generation.tool_call_syntax import FUNCTION_OPEN
+from engine.server.logprob_format import requested_top_logprobs
+from engine.server.response_format import json_constraint_for
+from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+
+
+def check_model(service: ModelService, requested: str | None) -> None:
+    """A 404 unless the request names this model (or none)."""
+    if requested and requested != service.model_id:
+        raise APIError(404, f"The model '{requested}' does not exist; this server serves '{service.model_id}'",
+                       param="model", code="model_not_found")
+
+def chat_job(service: ModelService, req: ChatCompletionRequest, sink: Callable[[Event], None],
+             backend_takes_images: bool = True) -> Job:
+    """The request as a job; `backend_takes_images`: `GenerationWorker.supports_images` (when False,
+    images are refused before the tower runs; `GenerationWorker.submit` refuses them in any case)."""
+    check_model(service, req.model)
+    constraint = json_constraint_for(req.response_format, service.tokenizer)
+    if constraint is not None and req.tool_choice not in (None, "auto", "none"):
+        raise APIError(400, "response_format json_object cannot be combined with a required or named "
+                       "tool_choice (that reply starts with a tool call)", param="response_format")
+    tools, forced = _tools(req)
+    kwargs = req.chat_template_kwargs or {}
+    enable_thinking = kwargs.get("enable_thinking")
+    if enable_thinking is not None and not isinstance(enable_thinking, bool):
+        raise APIError(400, "chat_template_kwargs.enable_thinking must be true or false",
+                       param="chat_template_kwargs")
+    messages = [template_message(i, m) for i, m in enumerate(req.messages)]
+    try:
+        prepared = service.prepare_chat(messages, tools=tools, enable_thinking=enable_thinking, reply_prefix=forced,
+                                     backend_takes_images=backend_takes_images)
+    except RigllmError as err:
+        code = "context_length_exceeded" if "context holds" in str(err) else None
+        raise APIError(400, str(err), param="messages", code=code) from None
+    limit = req.max_completion_tokens or req.max_tokens
+    prompt = prepared.chat
+    job = _job(service, req, prepared.token_ids, limit, prompt.thinking, tools, sink)
+    job.turn_start = service.turn_start(prepared.token_ids)
+    job.constraint = constraint
+    job.reply_prefix = prompt.reply_prefix
+    job.multimodal = prepared.multimodal
+    return job
+
+def completion_job(service: ModelService, req: CompletionRequest, sink: Callable[[Event], None]) -> Job:
+    check_model(service, req.model)
+    if req.echo:
+        raise APIError(400, "echo is not supported yet", param="echo")
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    if len(prompts) != 1:
+        raise APIError(400, "exactly one prompt string per request is supported", param="prompt")
+    ids = service.tokenizer.encode(prompts[0], parse_special=True)
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(ids) >= service.context_length:
+        raise APIError(400, f"the prompt is {len(ids)} tokens, the context holds {service.context_length}",
+                       param="prompt", code="context_length_exceeded")
+    return _job(service, req, ids, req.max_tokens, False, None, sink)
+
+def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str]:
+    """The tools the reply may call, and the text the reply is forced to start with.
+
+    "required" and a named function are met by starting the reply with the call's own markup (the
+    model then writes the name and arguments, or only the arguments); with thinking on, the forced
+    text first closes the reasoning block, left empty, since a call comes after it.
+    """
+    choice = req.tool_choice
+    if choice is None or choice == "auto":
+        return req.tools or None, ""
+    if choice == "none":
+        return None, ""
+    if not req.tools:
+        raise APIError(400, "tool_choice needs tools", param="tool_choice")
+    if choice == "required":
+        return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}"
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
+        raise APIError(400, 'tool_choice must be "auto", "none", "required" or '
+                       '{"type": "function", "function": {"name": ...}}', param="tool_choice")
+    if name not in {t.get("function", {}).get("name") for t in req.tools}:
+        raise APIError(400, f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
+    return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
+
+def _job(service: ModelService, req: SamplingFields, prompt_ids: list[int], limit: int | None, thinking: bool,
+         tools: list[dict[str, Any]] | None, sink: Callable[[Event], None]) -> Job:
+    if req.n != 1:
+        raise APIError(400, f"n must be 1 (got {req.n}): one choice per request is supported", param="n")
+    top_logprobs = requested_top_logprobs(req)
+    values = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                           "presence_penalty", "frequency_penalty", "seed")}
+    try:
+        params = SamplingParams(**{k: v for k, v in values.items() if v is not None})
+    except RigllmError as err:
+        raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from None
+    room = service.context_length - len(prompt_ids)
+    max_tokens = min(limit, room) if limit else room
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > 4:
+        raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
+    return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink, top_logprobs=top_logprobs,
+               speculative=req.speculative is not False)
+
+
+def template_message(index: int, message: ChatMessage) -> dict[str, Any]:
+    """A message as the chat template wants it: no None fields; text parts joined, unless the message
+    holds images, whose parts then stay in place (the template writes each image's marker where it is)."""
+    msg = message.model_dump(exclude_none=True)
+    if isinstance(message.content, list):
+        for part in message.content:
+            kind_ok = (part.type == "text" and part.text is not None) or (part.type == "image_url" and part.image_url)
+            if not kind_ok:
+                raise APIError(400, f"messages[{index}]: content part type '{part.type}' is not supported (text and "
+                               "image_url parts are; an image_url part needs its image_url)",
+                               param=f"messages.{index}.content")
+        if all(part.type == "text" for part in message.content):
+            msg["content"] = "".join(part.text or "" for part in message.content)
+    elif message.content is None:
+        msg["content"] = ""
+    return msg

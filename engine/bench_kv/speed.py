@@ -36,7 +36,7 @@ from engine.cuda.attention_kernels import (
 )
 from engine.cuda.driver import CudaCard
 from engine.cuda.kv_cache import alloc_kv_layer, domain_width, upload_kv_tables
-from engine.cuda.microbench import time_graph_ms
+from engine.cuda.bench.microbench import time_graph_ms
 from engine.model.kv_formats import kv_format
 
 SHAPES = {"9b": (AttnDims(16, 4, 256), 8), "27b": (AttnDims(24, 4, 256), 16)}

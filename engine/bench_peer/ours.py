@@ -2,8 +2,8 @@
 
 The weights come from the file (load_model + upload_weights), not from `--synthetic`, so both engines
 run the very same bytes. Ceilings (device copy, DP4A peak, GEMV read bandwidth on the LM head) are
-measured on the same card in the same call (engine.cuda.microbench), as `rigllm bench` does.
-Prefill is `engine.cuda.bench.prefill_speed` (CUDA events around the chunk loop), median of `reps`;
+measured on the same card in the same call (engine.cuda.bench.microbench), as `rigllm bench` does.
+Prefill is `engine.cuda.bench.speed.prefill_speed` (CUDA events around the chunk loop), median of `reps`;
 decode is `decode_speed` (the captured decode graph replayed per token; the KV cache is not filled to
 the depth, because its values do not change the speed).
 """
@@ -20,9 +20,9 @@ from engine.gguf.config import ModelConfig
 def measure_ours(model_path: Path, shape: str, prompts: tuple[int, ...], depths: tuple[int, ...], steps: int = 64,
                  reps: int = 3, chunk: int = 256) -> tuple[ModelConfig, dict[str, Any]]:
     """(the model's config, our numbers and this card's ceilings) for one GGUF."""
-    from engine.cuda.bench import decode_bytes, decode_speed, prefill_speed
+    from engine.cuda.bench.speed import decode_bytes, decode_speed, prefill_speed
     from engine.cuda.driver import CudaCard
-    from engine.cuda.microbench import run_microbench
+    from engine.cuda.bench.microbench import run_microbench
     from engine.cuda.slot_decoder import SlotDecoder
     from engine.cuda.weights import upload_weights
     from engine.gguf.loader import load_model

@@ -3,7 +3,7 @@
 Projection method (every projected number is labelled as one; targets.md: a projected CMP number is
 the fraction of an H200 ceiling reached, applied to the CMP's ceiling for the same resource):
 
-* Decode, both engines: bytes read per token (`engine.cuda.bench.decode_bytes`: every weight but the
+* Decode, both engines: bytes read per token (`engine.cuda.bench.speed.decode_bytes`: every weight but the
   embedding table, the GDN state, the fp16 KV cache up to the depth; the same file, so the same bytes
   for both) × tokens/s = achieved GB/s; its fraction of the H200 read ceiling (our GEMV on the LM head,
   measured in the same call) applied to the CMP's 818 GB/s.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.cuda.bench import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
+from engine.cuda.bench.speed import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
 from engine.gguf.config import ModelConfig
 
 # llama.cpp measured on CMP 100-210 cards by qengine's README (anchor-qengine.md §1.1; build 8462, FORCE_MMQ

@@ -1,5 +1,5 @@
-"""`rigllm bench [MODEL] --synthetic 9b|27b`: speed of one card as JSON (+ a short table), see engine.cuda.bench
-(`--mtp`: engine.cuda.mtp_bench)."""
+"""`rigllm bench [MODEL] --synthetic 9b|27b`: speed of one card as JSON (+ a short table), see engine.cuda.bench.speed
+(`--mtp`: engine.cuda.bench.mtp_bench)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sparse-sweep", metavar="LENGTHS",
                    help="instead: prefill tokens/s dense vs sparse (fixed A-shape profile) at these prompt lengths, "
                         "e.g. 16384,65536,131072,262144, estimated from chunks timed at sampled depths; dense also "
-                        "in the --kv-sweep formats (default f16,k3v3); see engine/cuda/sparse_bench.py")
+                        "in the --kv-sweep formats (default f16,k3v3); see engine/cuda/bench/sparse_bench.py")
     p.add_argument("--pipeline", help="instead: multi-card runs with these card counts, e.g. 1,2,3,4 (with --synthetic)")
     p.add_argument("--devices", default="0", help="GPUs the pipeline's cards sit on, cycled (e.g. 0,1; default 0: "
                                                    "logical cards sharing GPU 0)")
@@ -54,7 +54,7 @@ def _commit() -> str:
 
 
 def _pipeline(args: argparse.Namespace, prompts: tuple[int, ...]) -> int:
-    from engine.cuda.pipeline_bench import render_pipeline_table, run_pipeline_bench
+    from engine.cuda.bench.pipeline_bench import render_pipeline_table, run_pipeline_bench
     from engine.errors import RigllmError
     from engine.gguf.shapes import shape_config
 
@@ -78,7 +78,7 @@ def _pipeline(args: argparse.Namespace, prompts: tuple[int, ...]) -> int:
 def _mtp(args: argparse.Namespace, depth: int) -> int:
     """`--mtp`: the fixture's acceptance first (its own card, closed again), then the costs on the model."""
     from engine.cuda.driver import CudaCard
-    from engine.cuda.mtp_bench import fixture_acceptance, render_mtp, run_mtp_bench
+    from engine.cuda.bench.mtp_bench import fixture_acceptance, render_mtp, run_mtp_bench
     from engine.errors import RigllmError
 
     fixture = None
@@ -90,7 +90,7 @@ def _mtp(args: argparse.Namespace, depth: int) -> int:
     card = CudaCard(0)
     try:
         if args.synthetic:
-            from engine.cuda.synthetic_weights import random_model_weights, random_mtp_weights
+            from engine.cuda.bench.synthetic_weights import random_model_weights, random_mtp_weights
             from engine.gguf.shapes import shape_config
 
             cfg, shape = shape_config(args.synthetic), args.synthetic
@@ -120,7 +120,7 @@ def _mtp(args: argparse.Namespace, depth: int) -> int:
 def _gemv_sweep(args: argparse.Namespace) -> int:
     """`--gemv-sweep T`: every T-token GEMV variant on the shape's matrices (random weights, no model needed)."""
     from engine.cuda.driver import CudaCard
-    from engine.cuda.microbench import gemv_sweep
+    from engine.cuda.bench.microbench import gemv_sweep
     from engine.errors import RigllmError
 
     if not args.synthetic:
@@ -150,7 +150,7 @@ def _emit(args: argparse.Namespace, result: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.cuda.bench import render_table, run_bench
+    from engine.cuda.bench.speed import render_table, run_bench
     from engine.cuda.driver import CudaCard, gpu_unavailable_reason
     from engine.errors import RigllmError
 
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     card = CudaCard(0)
     try:
         if args.synthetic:
-            from engine.cuda.synthetic_weights import random_model_weights
+            from engine.cuda.bench.synthetic_weights import random_model_weights
             from engine.gguf.shapes import shape_config
 
             cfg, shape = shape_config(args.synthetic), args.synthetic
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             cfg, shape = loaded.config, Path(args.model).name
             weights = upload_weights(card, loaded.file, cfg)
         if args.sparse_sweep:
-            from engine.cuda.sparse_bench import render_sparse_sweep, sparse_sweep
+            from engine.cuda.bench.sparse_bench import render_sparse_sweep, sparse_sweep
 
             formats = tuple(args.kv_sweep.split(",")) if args.kv_sweep else ("f16", "k3v3")
             lengths = tuple(int(x) for x in args.sparse_sweep.split(","))
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             print(render_sparse_sweep(sweep), file=sys.stderr)
             return 0
         if args.kv_sweep:
-            from engine.cuda.bench import kv_sweep, render_kv_sweep
+            from engine.cuda.bench.speed import kv_sweep, render_kv_sweep
 
             formats = tuple(args.kv_sweep.split(","))
             sweep = kv_sweep(card, cfg, weights, formats, prompts, depths, chunk=args.chunk)

@@ -324,7 +324,7 @@ class CudaCard:
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()
         self._graphs: list[CapturedGraph] = []
         self._graph_api: GraphApi | None = None
-        self._modules: list[tuple[Any, str]] | None = None
+        self._modules: list[Any] | None = None
         self._kernels: dict[str, Kernel] = {}
         with self._errors("context creation"):
             self._context = self.device.make_context()  # pushed: current on this thread from here on
@@ -425,10 +425,6 @@ class CudaCard:
             return self._cuda.pagelocked_empty(shape, dtype, mem_flags=flags)
 
     # ---- execution -----------------------------------------------------------------------------
-    def new_stream(self) -> Stream:
-        self._check_thread()
-        return Stream(self)
-
     def event(self) -> Event:
         self._check_thread()
         return Event(self)
@@ -439,13 +435,13 @@ class CudaCard:
         with self._errors("synchronize"):
             self._context.synchronize()
 
-    def _load_modules(self) -> list[tuple[Any, str]]:
+    def _load_modules(self) -> list[Any]:
         from engine.cuda.kernel_build import module_images
 
         modules = []
         for image in module_images(self.arch):
             with self._errors(f"loading kernel module {image.module} from {image.origin}"):
-                modules.append((self._cuda.module_from_buffer(image.image), image.origin))
+                modules.append(self._cuda.module_from_buffer(image.image))
         return modules
 
     def kernel(self, name: str) -> Kernel:
@@ -455,7 +451,7 @@ class CudaCard:
             return self._kernels[name]
         if self._modules is None:
             self._modules = self._load_modules()
-        for module, _ in self._modules:
+        for module in self._modules:
             try:
                 function = module.get_function(name)
             except self._cuda.Error:
@@ -463,11 +459,6 @@ class CudaCard:
             self._kernels[name] = Kernel(self, name, function)
             return self._kernels[name]
         raise CudaError(f"{self.name}: no kernel named '{name}' in any module of cuda_src/")
-
-    @property
-    def kernel_origins(self) -> list[str]:
-        """Where each loaded module came from (prebuilt fatbin, cache, NVRTC), for logs and reports."""
-        return [origin for _, origin in (self._modules or [])]
 
     @contextmanager
     def capture(self, label: str, stream: Stream | None = None) -> Iterator[CapturedGraph]:

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.cuda.mtp_bench import fixture_acceptance
+from engine.cuda.bench.mtp_bench import fixture_acceptance
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest

@@ -19,7 +19,7 @@ from engine.bench_peer.report import (
     matmul_ops_per_token,
     prefill_projection,
 )
-from engine.cuda.bench import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
+from engine.cuda.bench.speed import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
 from engine.errors import RigllmError
 from engine.gguf.shapes import shape_config
 

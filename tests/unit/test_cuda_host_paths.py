@@ -12,7 +12,7 @@ import pytest
 from engine.cuda.pipeline import PipelineBackend
 
 from engine.generation.backend import CardSpec
-from engine.cuda.pipeline_bench import pipeline_decode_speed
+from engine.cuda.bench.pipeline_bench import pipeline_decode_speed
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.model.kv_formats import kv_format

@@ -15,7 +15,7 @@ import pytest
 
 from engine.cuda.attention_kernels import MAX_PREFILL_SPLITS, decode_splits
 from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_gdn_ring, gdn_mixer
-from engine.cuda.mtp_bench import run_mtp_bench, tokens_per_round
+from engine.cuda.bench.mtp_bench import run_mtp_bench, tokens_per_round
 from engine.cuda.sequence import GdnState
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.speculative import greedy_accept

@@ -1,4 +1,4 @@
-"""The sparse prefill sweep (engine.cuda.sparse_bench): its estimate's arithmetic, and its host code on a stand-in
+"""The sparse prefill sweep (engine.cuda.bench.sparse_bench): its estimate's arithmetic, and its host code on a stand-in
 card (no GPU), so the H200 run cannot stop on a Python error. Speeds themselves are the GPU's to measure."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.cuda.sparse_bench import (
+from engine.cuda.bench.sparse_bench import (
     CROSS_CHECK_LENGTH,
     SPARSE_MIN_LENGTH,
     first_sparse_depth,

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.gemv import DEFAULT_GEMV, GEMV_VARIANTS, Q8Activations, alloc_q8_activations, gemv_q8
-from engine.cuda.synthetic_weights import random_q8_weight
+from engine.cuda.bench.synthetic_weights import random_q8_weight
 from engine.cuda.q8_layout import QK
 from engine.gguf.config import ModelConfig
 from engine.gguf.shapes import shape_config

@@ -22,10 +22,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.cuda.bench import GREEDY, decode_speed
+from engine.cuda.bench.speed import GREEDY, decode_speed
 from engine.cuda.driver import CudaCard
-from engine.cuda.microbench import time_graph_ms
-from engine.cuda.profile import kernel_breakdown
+from engine.cuda.bench.microbench import time_graph_ms
+from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.generation.sampler import SamplingParams

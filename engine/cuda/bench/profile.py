@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from engine.cuda.driver import CudaCard, Kernel
-from engine.cuda.microbench import time_graph_ms
+from engine.cuda.bench.microbench import time_graph_ms
 
 
 @contextmanager

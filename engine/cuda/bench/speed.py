@@ -27,10 +27,10 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from engine.cuda.gemm import gemm_q8
 from engine.cuda.gemv import alloc_q8_activations
-from engine.cuda.microbench import run_microbench, time_graph_ms
-from engine.cuda.profile import kernel_breakdown
+from engine.cuda.bench.microbench import run_microbench, time_graph_ms
+from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder
-from engine.cuda.synthetic_weights import random_q8_weight
+from engine.cuda.bench.synthetic_weights import random_q8_weight
 from engine.cuda.weights import ModelWeights
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotBackend, SlotRequest

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.cuda.bench import slot_decode_speed
+from engine.cuda.bench.speed import slot_decode_speed
 from engine.cuda.driver import CudaCard
 from engine.cuda.pipeline import PipelineBackend
 from engine.generation.backend import CardSpec
-from engine.cuda.synthetic_weights import random_model_weights
+from engine.cuda.bench.synthetic_weights import random_model_weights
 from engine.model.load_progress import ProgressCounter
 from engine.gguf.config import ModelConfig
 

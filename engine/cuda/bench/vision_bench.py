@@ -1,4 +1,4 @@
-"""`python -m engine.cuda.vision_bench`: vision-tower time per image on this GPU, random weights at real shapes.
+"""`python -m engine.cuda.bench.vision_bench`: vision-tower time per image on this GPU, random weights at real shapes.
 
 Weights are random (speed does not depend on their values) at the released towers' shapes (spec §9.1):
 9B and 27B share the tower (depth 27, width 1152, MLP 4304, 16 heads) and differ only in the output

@@ -19,13 +19,16 @@ KERNELS = RESOURCES / "kernels"
 CUDA_SRC = ROOT / "cuda_src"
 REQUIRE_KERNELS_ENV = "RIGLLM_BUNDLE_REQUIRE_KERNELS"
 
-# Dev-only (torch/transformers training and HF conversion tests), test tooling, and optional imports of
+DEV_FIXTURES = ["engine.fixtures.evaluate", "engine.fixtures.export", "engine.fixtures.tasks",
+                "engine.fixtures.torch_model", "engine.fixtures.train", "engine.fixtures.vocab"]
+# Dev-only (torch/transformers training of the fixture models and HF conversion tests; the model writers of
+# engine.fixtures that the demo and benchmarks use stay in), test tooling, and optional imports of
 # pyqtgraph (scipy filters, flowchart, OpenGL views) and tqdm (pandas) that rigllm never uses: 70+ MB.
 EXCLUDES = [
     "torch", "torchvision", "transformers", "safetensors.torch", "tensorflow", "jax",
     "pytest", "_pytest", "pytestqt", "hypothesis", "schemathesis", "IPython", "matplotlib", "tkinter",
     "scipy", "pandas", "pyqtgraph.opengl", "pyqtgraph.flowchart", "pyqtgraph.examples", "pyqtgraph.jupyter",
-    "engine.fixtures",
+    *DEV_FIXTURES,
 ]
 # Driver libraries belong to the user's NVIDIA driver, never to the bundle (pycuda links libcuda).
 DRIVER_LIBRARY_PREFIXES = ("libcuda.so", "libnvidia-", "nvcuda.dll", "nvml.dll")
@@ -33,7 +36,7 @@ DRIVER_LIBRARY_PREFIXES = ("libcuda.so", "libnvidia-", "nvcuda.dll", "nvml.dll")
 
 def hidden_imports() -> list[str]:
     """Modules PyInstaller cannot see: `engine.cli` imports commands by name, `gui` comes by entry point."""
-    engine = collect_submodules("engine", filter=lambda name: not name.startswith("engine.fixtures"))
+    engine = collect_submodules("engine", filter=lambda name: name not in DEV_FIXTURES)
     return [*engine, *collect_submodules("app")]
 
 

@@ -145,7 +145,7 @@ RIGLLM_GEMV_Q8(7, 4, 1, 4)
 RIGLLM_GEMV_Q8(8, 4, 1, 4)
 
 // Alternatives for T = 1 (decode), T = 2 (a one-draft speculative verify, two-slot steps) and T = 3, timed against
-// gemv_q8_t<T> by engine.cuda.microbench.gemv_sweep; gemv.py's GEMV_VARIANTS mirrors (name, R, THREADS) and
+// gemv_q8_t<T> by engine.cuda.bench.microbench.gemv_sweep; gemv.py's GEMV_VARIANTS mirrors (name, R, THREADS) and
 // DEFAULT_GEMV names the one each T launches. Small decode matrices (4096 rows) fill the card only when warps
 // are many and each finishes in few load rounds, so the grid trades rows per warp (fewer rows: more warps) against loads in flight per lane (more: fewer rounds, more
 // registers, fewer resident warps). The _w2 variants use 64-thread blocks: finer blocks spread a small grid

@@ -1,4 +1,4 @@
-// Quantised KV cache storage (engine/generation/kv_formats.py, bytes defined by engine/reference/kv_quant.py):
+// Quantised KV cache storage (engine/model/kv_formats.py, bytes defined by engine/reference/kv_quant.py):
 // the per-side codecs, reading N consecutive stored values of a head vector in the attention domain,
 // and the 128-point Walsh-Hadamard butterflies in shared memory.
 //

@@ -1,4 +1,4 @@
-// Microbenchmark kernels (engine/cuda/microbench.py, `rigllm bench`): the DP4A peak probe and random Q8_0 weights
+// Microbenchmark kernels (engine/cuda/bench/microbench.py, `rigllm bench`): the DP4A peak probe and random Q8_0 weights
 // made on the device, so speed runs need neither a model file nor gigabytes over PCIe.
 #include "common.cuh"
 

@@ -16,12 +16,10 @@ import time
 from typing import Any
 
 import keyring
-import uvicorn
 from keyring.errors import KeyringError
 
 from engine.errors import RigllmError
 from engine.server.access import KEYRING_SERVICE, KEYRING_USER
-from engine.server.app import FixedModel, create_app
 
 from app.chat_engine import ChatEngine
 
@@ -78,6 +76,11 @@ class _ClientCounter:
 
 class ApiServer:
     def __init__(self, engine: ChatEngine, api_key: str, host: str = "127.0.0.1", port: int = 8765):
+        # FastAPI and uvicorn load when the API is switched on, not with the window
+        import uvicorn
+
+        from engine.server.app import FixedModel, create_app
+
         self.host, self.port = host, port
         app = create_app(FixedModel(engine.service, engine.worker, engine.info.label), api_key)
         self.clients = _ClientCounter(app)

@@ -11,6 +11,9 @@ The checker is tested on small synthetic trees first, so a rule that stopped cat
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,3 +279,14 @@ def test_every_engine_package_has_a_layer():
     present = {f"engine.{p.stem if p.is_file() else p.name}" for p in (ROOT / "engine").iterdir()
                if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
     assert present - ranked == set()
+
+
+def test_the_local_chat_and_the_window_load_no_web_framework():
+    """The app's chat drives engine.generation.serving directly: importing it (or the main window, whose API
+    toggle loads the server only when switched on) must not import FastAPI or uvicorn."""
+    probe = ("import sys, app.chat_engine, app.model_loader, app.ui.main_window; "
+             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette') if m in sys.modules))")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

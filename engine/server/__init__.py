@@ -1,1 +1,2 @@
-"""The OpenAI-compatible HTTP API (`rigllm serve`): wire types, request pipeline, one generation worker."""
+"""The OpenAI-compatible HTTP front end (`rigllm serve`): routes, wire types, request checks, error mapping,
+access and admin. The worker and scheduler it drives are engine.generation.serving (no HTTP there)."""

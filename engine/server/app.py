@@ -21,11 +21,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.server.api_errors import APIError, error_response, install_error_handlers
 from engine.server.generation_job import AsyncSink, Failed, Job
+from engine.server.health import health_answer
+from engine.server.metrics_routes import METRICS_PATH, install_metrics
 from engine.server.model_service import ModelService
 from engine.server.responses import CompletionShape, collect, stream_chunks
 from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
 from engine.server.worker import GenerationWorker, QueueFull
+from engine.telemetry import TelemetrySource
 
 OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
 
@@ -68,12 +71,16 @@ class FixedModel:
         return self.current
 
 
-def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = ()) -> FastAPI:
+def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = (),
+               telemetry: TelemetrySource | None = None, public_metrics: bool = False) -> FastAPI:
     """Routes serve whatever model `models` holds at the time of each request.
 
     `cors_origins` lets browser front ends on those origins call the API; without it no CORS headers
     are sent, so a web page the user happens to visit cannot use their local model.
+    `/metrics` (Prometheus) includes `telemetry`'s cards when given; it needs the API key like every
+    route unless `public_metrics` (a scraper without the key).
     """
+    open_paths = OPEN_PATHS + ((METRICS_PATH,) if public_metrics else ())
     app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models")
     install_error_handlers(app)
 
@@ -83,7 +90,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         while "//" in path:  # some clients join base URL and route into `//v1/...`
             path = path.replace("//", "/")
         request.scope["path"] = path
-        if api_key and path not in OPEN_PATHS:
+        if api_key and path not in open_paths:
             presented = _presented_key(request)
             if presented is None or not hmac.compare_digest(presented.encode(), api_key.encode()):
                 return error_response(401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')",
@@ -93,6 +100,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     if cors_origins:  # added after the key check, so it wraps it: preflights (no key) pass, 401s carry CORS
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
+    metrics = install_metrics(app, models, telemetry)
 
     def model_card(service: ModelService) -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
@@ -106,14 +114,9 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         service.check_model(model_id)
         return model_card(service)
 
-    async def health() -> dict[str, Any]:
-        now = models.current
-        if now is None:  # the server is up and can be told to load a model (POST /admin/load)
-            return {"status": "no_model", "model": None}
-        service, worker = now
-        return {"status": "ok", "model": service.model_id, "label": models.label, "backend": worker.backend_name,
-                "context_length": service.context_length, "slots": worker.slot_count, "active": worker.active,
-                "busy": worker.busy, "queued": worker.waiting}
+    async def health() -> JSONResponse:
+        status_code, body = health_answer(models)
+        return JSONResponse(body, status_code=status_code)
 
     async def run(worker: GenerationWorker, job: Job, sink: AsyncSink, shape: CompletionShape, stream: bool,
                   include_usage: bool):
@@ -133,7 +136,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         service, worker = models.require()
         sink = AsyncSink(asyncio.get_running_loop())
         make_job = service.chat_job if chat else service.completion_job
-        job = await asyncio.to_thread(make_job, req, sink)
+        job = await asyncio.to_thread(make_job, req, metrics.observe(sink))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await run(worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)

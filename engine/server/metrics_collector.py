@@ -59,7 +59,7 @@ class ServingCollector(Collector):
 
     def _serving(self) -> Iterator[Metric]:
         now = self._models.current
-        loaded = _gauge("model_loaded", "1 while a model is loaded and its worker runs, labelled by model and backend",
+        loaded = _gauge("model_loaded", "1 while a model is loaded, labelled by model and backend",
                         ("model", "backend"))
         queue = _gauge("queue_depth", "Requests waiting for a slot")
         limit = _gauge("queue_limit", "Requests allowed to wait; more are refused with 503")

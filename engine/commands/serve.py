@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let browser pages from ORIGIN call the API (repeatable; default: no CORS headers)")
     p.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait before 503 (default 16)")
+    p.add_argument("--public-metrics", action="store_true",
+                   help="serve /metrics (Prometheus) without the API key (default: it needs the key when one is set)")
     p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
     add_placement_args(p)
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.server.admin_host import DEMO_LABEL, ModelHost, open_with_progress
     from engine.server.admin_logs import install_log_ring
     from engine.server.app import create_app
-    from engine.telemetry import open_source
+    from engine.telemetry import SerializedSource, open_source
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     ring = install_log_ring()  # also raises rigllm's loggers to INFO: loads and unloads reach the journal
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                      opener=functools.partial(open_with_progress, speculative=args.mtp == "on", **placement),
                      snapshot_root=snapshot_root,
                      speculative=args.mtp == "on")
-    telemetry = open_source()
+    telemetry = SerializedSource(open_source())  # /admin/cards and /metrics scrapes read it from several threads
     stopping = threading.Event()
     url = f"http://{args.host}:{args.port}/v1"
     try:
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(f"[rigllm] no model loaded; load one with POST {url.removesuffix('/v1')}/admin/load",
                       file=sys.stderr)
-            app = create_app(host, key, cors_origins)
+            app = create_app(host, key, cors_origins, telemetry=telemetry, public_metrics=args.public_metrics)
             app.include_router(admin_router(host, telemetry, ring))
             # Stop: uvicorn stops accepting, lets running requests finish for up to the timeout, then cancels
             # them (their jobs are cancelled); host.close() below stops the worker, freeing the cards.

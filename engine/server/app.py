@@ -19,16 +19,18 @@ from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.generation.serving.request_error import APIError
-
-from engine.server.api_errors import error_response, install_error_handlers
 from engine.generation.serving.generation_job import AsyncSink, Failed, Job
 from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.worker import GenerationWorker, QueueFull
+from engine.server.api_errors import error_response, install_error_handlers
+from engine.server.health import health_answer
+from engine.server.metrics_routes import METRICS_PATH, install_metrics
 from engine.server.request_jobs import chat_job, check_model, completion_job
 from engine.server.responses import CompletionShape, collect, stream_chunks
 from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
-from engine.generation.serving.worker import GenerationWorker, QueueFull
+from engine.telemetry import TelemetrySource
 
 OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
 
@@ -71,12 +73,16 @@ class FixedModel:
         return self.current
 
 
-def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = ()) -> FastAPI:
+def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = (),
+               telemetry: TelemetrySource | None = None, public_metrics: bool = False) -> FastAPI:
     """Routes serve whatever model `models` holds at the time of each request.
 
     `cors_origins` lets browser front ends on those origins call the API; without it no CORS headers
     are sent, so a web page the user happens to visit cannot use their local model.
+    `/metrics` (Prometheus) includes `telemetry`'s cards when given; it needs the API key like every
+    route unless `public_metrics` (a scraper without the key).
     """
+    open_paths = OPEN_PATHS + ((METRICS_PATH,) if public_metrics else ())
     app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models")
     install_error_handlers(app)
 
@@ -86,7 +92,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         while "//" in path:  # some clients join base URL and route into `//v1/...`
             path = path.replace("//", "/")
         request.scope["path"] = path
-        if api_key and path not in OPEN_PATHS:
+        if api_key and path not in open_paths:
             presented = _presented_key(request)
             if presented is None or not hmac.compare_digest(presented.encode(), api_key.encode()):
                 return error_response(401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')",
@@ -96,6 +102,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     if cors_origins:  # added after the key check, so it wraps it: preflights (no key) pass, 401s carry CORS
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
+    metrics = install_metrics(app, models, telemetry)
 
     def model_card(service: ModelService) -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
@@ -109,14 +116,9 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         check_model(service, model_id)
         return model_card(service)
 
-    async def health() -> dict[str, Any]:
-        now = models.current
-        if now is None:  # the server is up and can be told to load a model (POST /admin/load)
-            return {"status": "no_model", "model": None}
-        service, worker = now
-        return {"status": "ok", "model": service.model_id, "label": models.label, "backend": worker.backend_name,
-                "context_length": service.context_length, "slots": worker.slot_count, "active": worker.active,
-                "busy": worker.busy, "queued": worker.waiting}
+    async def health() -> JSONResponse:
+        status_code, body = health_answer(models)
+        return JSONResponse(body, status_code=status_code)
 
     async def run(worker: GenerationWorker, job: Job, sink: AsyncSink, shape: CompletionShape, stream: bool,
                   include_usage: bool):
@@ -136,7 +138,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         service, worker = models.require()
         sink = AsyncSink(asyncio.get_running_loop())
         make_job = chat_job if chat else completion_job
-        job = await asyncio.to_thread(make_job, service, req, sink)
+        job = await asyncio.to_thread(make_job, service, req, metrics.observe(sink))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await run(worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)

@@ -15,6 +15,7 @@ NVIDIA driver or GPU gives a snapshot with no cards and `error` set, never an ex
 from engine.telemetry.fake import FakeSource, cmp_100_210
 from engine.telemetry.nvml_source import NvmlSource
 from engine.telemetry.samples import NO_GPU, CardSample, RigSnapshot, TelemetrySource
+from engine.telemetry.serialized import SerializedSource
 
 
 def open_source() -> TelemetrySource:
@@ -22,5 +23,5 @@ def open_source() -> TelemetrySource:
     return NvmlSource()
 
 
-__all__ = ["NO_GPU", "CardSample", "FakeSource", "NvmlSource", "RigSnapshot", "TelemetrySource", "cmp_100_210",
-           "open_source"]
+__all__ = ["NO_GPU", "CardSample", "FakeSource", "NvmlSource", "RigSnapshot", "SerializedSource", "TelemetrySource",
+           "cmp_100_210", "open_source"]

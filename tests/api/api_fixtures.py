@@ -26,6 +26,7 @@ from engine.server.admin_host import ModelHost
 from engine.server.app import create_app
 from engine.generation.serving.model_service import ModelService
 from engine.generation.serving.worker import DEFAULT_SLOTS
+from engine.telemetry import TelemetrySource
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ def model_backend(loaded: LoadedModel, context: int | None = None) -> Callable[[
 def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
                 api_key: str | None = None, max_queue: int = 16,
                 cors_origins: Sequence[str] = (), context_length: int | None = None,
-                slots: int = DEFAULT_SLOTS) -> Iterator[LiveServer]:
+                slots: int = DEFAULT_SLOTS, telemetry: TelemetrySource | None = None,
+                public_metrics: bool = False) -> Iterator[LiveServer]:
     """`context_length` below the model's keeps fuzzed requests short (generation stops at the context).
 
     The app serves from a `ModelHost`, as `rigllm serve` does; `open_backend` replaces its backend opener.
@@ -62,7 +64,8 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(host, api_key, cors_origins=cors_origins), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(host, api_key, cors_origins=cors_origins, telemetry=telemetry,
+                                                      public_metrics=public_metrics), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

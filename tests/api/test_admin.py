@@ -192,13 +192,33 @@ def test_chat_follows_the_loaded_model(rig):
     assert gone.status_code == 503 and gone.json()["error"]["code"] == "model_not_loaded"
     assert rig.client.post("/v1/tokenize", json={"content": "hi"}, headers=AUTH).status_code == 503
     assert rig.client.get("/v1/models", headers=AUTH).json()["data"] == []
-    assert rig.client.get("/health").json() == {"status": "no_model", "model": None}
+    empty = rig.client.get("/health")
+    assert empty.status_code == 503 and empty.json()["status"] == "no_model"
     rig.client.post("/admin/load", json={"context": 256}, headers=AUTH)  # no model: the demo model
     done = wait_for(rig.client, "loaded")
     assert done["label"] == DEMO_LABEL and done["path"] == str(ensure_demo_model())
     assert rig.client.post("/v1/chat/completions", json=chat, headers=AUTH).status_code == 200
     health = rig.client.get("/health").json()
     assert health["context_length"] == 256 and health["label"] == DEMO_LABEL
+
+
+def test_health_is_503_while_a_model_loads_and_after_it_unloads(rig):
+    """A router must not send requests to a rig that has no model to run them (issue 32)."""
+    serving = rig.client.get("/health")
+    assert serving.status_code == 200 and serving.json()["status"] == "ok" and serving.json()["label"] == "demo"
+    rig.gate.clear()  # the replacement's opener waits: the old model is released, the new one not yet open
+    assert rig.client.post("/admin/load", json={"context": 256}, headers=AUTH).status_code == 202
+    deadline = time.monotonic() + 30
+    while (loading := rig.client.get("/health")).json()["status"] != "loading":
+        assert time.monotonic() < deadline, loading.json()
+        time.sleep(0.02)
+    assert loading.status_code == 503 and loading.json()["model"] is None and loading.json()["reason"]
+    rig.gate.set()
+    wait_for(rig.client, "loaded")
+    assert rig.client.get("/health").status_code == 200
+    rig.client.post("/admin/unload", headers=AUTH)
+    gone = rig.client.get("/health")
+    assert gone.status_code == 503 and gone.json()["status"] == "no_model"
 
 
 def test_inspect_sends_the_footprint_the_app_plans_with(rig, tmp_path):

@@ -37,8 +37,8 @@ def served_rig():
         while True:
             assert proc.poll() is None, proc.communicate()[1]
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)  # any answer: the server is up
+                break
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "rigllm serve did not start"
@@ -57,7 +57,7 @@ def rig_health(link: RigLink) -> dict:
 def test_the_app_drives_a_headless_rig(qtbot, bare_window, served_rig, memory_keyring):
     link, proc = served_rig
     win = bare_window
-    assert rig_health(link) == {"status": "no_model", "model": None}
+    assert rig_health(link)["status"] == "no_model"  # a 503, which a router reads as "send elsewhere"
 
     dialog = win.open_connect_dialog()
     dialog.host.setText(link.host)

@@ -97,6 +97,16 @@ class GenerationWorker:
         return self._jobs.qsize()
 
     @property
+    def queue_limit(self) -> int:
+        """How many requests may wait; `submit` refuses more (a router sees it in /health)."""
+        return self._jobs.maxsize
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The running scheduler (None until the backend is open): read by metrics scrapes, driven only here."""
+        return self._scheduler
+
+    @property
     def active(self) -> int:
         """Requests holding a slot now (prefilling or decoding)."""
         return self._scheduler.active if self._scheduler else 0

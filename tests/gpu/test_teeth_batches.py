@@ -34,6 +34,7 @@ def test_a_slot_in_a_mixed_batch_decodes_exactly_as_alone():
     texts = fixture_samples(loaded, length=260)
     subject_prompt = texts[0][:150]
     forced = texts[0][150 : 150 + STEPS]  # teacher-forced: the same tokens in both runs
+    assert len(forced) == STEPS and len(texts[2]) >= 201, [len(t) for t in texts]
     neighbours = {2: (texts[1][:37], SlotRequest(SamplingParams(temperature=0.8, top_k=20, seed=11), texts[1][:37])),
                   3: (texts[2][:201], SlotRequest(GREEDY, texts[2][:201], speculative=False)),
                   0: (texts[1][:120], SlotRequest(GREEDY, texts[1][:120], speculative=True))}
@@ -49,10 +50,11 @@ def test_a_slot_in_a_mixed_batch_decodes_exactly_as_alone():
             alone.append(pick.logits)
             alone_picks.append(pick.token)
 
-        for slot, (prompt, request) in neighbours.items():
+        last = {}
+        for slot, (prompt, request) in neighbours.items():  # begin picks from the latest prefill's logits
             gpu.reset_slot(slot)
             gpu.prefill_slot(slot, prompt)
-        last = {slot: gpu.begin(slot, request).token for slot, (_, request) in neighbours.items()}
+            last[slot] = gpu.begin(slot, request).token
         gpu.reset_slot(1)
         gpu.prefill_slot(1, subject_prompt)
         pick = gpu.begin(1, subject_request)

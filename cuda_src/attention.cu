@@ -37,13 +37,14 @@ template <int DH, int G>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                             const __half* __restrict__ v_cache, const int* __restrict__ step,
                                             float* __restrict__ part_m, float* __restrict__ part_l,
-                                            float* __restrict__ part_o, int capacity, int n_splits, float scale) {
+                                            float* __restrict__ part_o, int capacity, int n_splits, float scale,
+                                            int share = 1) {
     constexpr int DPL = DH / 32;  // dims per lane
     __shared__ float sh_m[DECODE_WARPS][G];
     __shared__ float sh_l[DECODE_WARPS][G];
     __shared__ float sh_o[DECODE_WARPS][G][DH];
 
-    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share);
     const int kv_head = blk.kv_head;
     int start, end;
     flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
@@ -201,6 +202,23 @@ ATTN_DECODE_ENTRIES(32)
 ATTN_DECODE_ENTRIES(64)
 ATTN_DECODE_ENTRIES(128)
 ATTN_DECODE_ENTRIES(256)
+
+// Any other group size G' (a valid model may carry 3, 5, 7, ... query heads per KV head): attn_decode_d<Dh>_gany,
+// grid (T, n_head * n_splits), one query head per block (rigllm::decode_block with share = G'), so each
+// KV row is read G' times instead of once: slower, the same partials layout and the same math.
+#define ATTN_DECODE_ANY_GROUP_ENTRY(DH)                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS, 2) attn_decode_d##DH##_gany(          \
+        const float* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache, \
+        const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,             \
+        float* __restrict__ part_o, int capacity, int n_splits, float scale, int group) {                 \
+        attn_decode<DH, 1>(q, k_cache, v_cache, step, part_m, part_l, part_o, capacity, n_splits, scale,   \
+                           group);                                                                         \
+    }
+
+ATTN_DECODE_ANY_GROUP_ENTRY(32)
+ATTN_DECODE_ANY_GROUP_ENTRY(64)
+ATTN_DECODE_ANY_GROUP_ENTRY(128)
+ATTN_DECODE_ANY_GROUP_ENTRY(256)
 
 #define ATTN_PREFILL_ENTRY(DH)                                                                             \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, 2) attn_prefill_d##DH(                        \

@@ -21,6 +21,8 @@ namespace rigllm {
 // of the batch (a decode step has T = 1; a speculative verify a few) sees cache rows [0, pos + t], so each
 // token's partials equal a one-token decode's at its position, bit for bit. The T blocks that read the same
 // keys are launch neighbours, so the second read of a key row is an L2 hit.
+// Any-group kernels (a group size without its own instantiation) run with group = 1 and share = the real
+// group: grid (T, n_head * n_splits), one query head per block, which reads KV head (query head / share).
 struct DecodeBlock {
     int token, kv_head, split;
     int kv_len;        // keys visible to this token
@@ -29,13 +31,14 @@ struct DecodeBlock {
 };
 
 __device__ __forceinline__ DecodeBlock decode_block(const int* __restrict__ step, int n_splits, int group,
-                                                    int capacity) {
+                                                    int capacity, int share = 1) {
     DecodeBlock b;
     b.token = blockIdx.x;
-    b.kv_head = blockIdx.y / n_splits;
-    b.split = blockIdx.y - b.kv_head * n_splits;
+    const int unit = blockIdx.y / n_splits;  // the block's KV head, or its query head when share > 1
+    b.kv_head = unit / share;
+    b.split = blockIdx.y - unit * n_splits;
     b.kv_len = min(step[RIGLLM_STEP_POS] + 1 + b.token, capacity);
-    b.q_row = ((size_t)b.token * (gridDim.y / n_splits) + b.kv_head) * group;
+    b.q_row = ((size_t)b.token * (gridDim.y / n_splits) + unit) * group;
     b.first_row = b.q_row * n_splits + b.split;
     return b;
 }

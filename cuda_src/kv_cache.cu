@@ -139,7 +139,7 @@ template <int KC, int VC, int DH, int G>
 __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<KC, DH> k_side, kv::Side<VC, DH> v_side,
                                           const int* __restrict__ step, float* __restrict__ part_m,
                                           float* __restrict__ part_l, float* __restrict__ part_o, int n_splits,
-                                          float scale, const float* __restrict__ tables) {
+                                          float scale, const float* __restrict__ tables, int share = 1) {
     constexpr int DWK = kv::domain(KC, DH), DWV = kv::domain(VC, DH);
     constexpr int KPL = DWK / 32, VPL = DWV / 32;
     constexpr int KEYS = kv_decode_keys(G);
@@ -149,7 +149,7 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
     __shared__ float k_centroids[16], v_centroids[16], signs[kv::BLOCK];
 
     const int capacity = k_side.capacity;
-    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share);
     const int kv_head = blk.kv_head;
     int start, end;
     flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
@@ -298,6 +298,20 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
                                  n_splits, scale, tables);                                                     \
     }
 
+// Any other group size (see attention.cu's attn_decode_d<Dh>_gany): kv_decode_<fmt>_d<Dh>_gany, grid
+// (T, n_head * n_splits), one query head per block, `group` (query heads per KV head) after `tables`.
+#define KV_DECODE_ANY_GROUP_ENTRY(FMT, KC, VC, DH)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * KV_DECODE_WARPS, 2) kv_decode_##FMT##_d##DH##_gany(      \
+        const float* __restrict__ q, const unsigned char* __restrict__ k_codes, const __half* __restrict__ k_side, \
+        const unsigned char* __restrict__ v_codes, const __half* __restrict__ v_side,                          \
+        const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,                  \
+        float* __restrict__ part_o, int capacity, int n_splits, float scale, const float* __restrict__ tables,  \
+        int group) {                                                                                           \
+        kv_decode<KC, VC, DH, 1>(q, kv::Side<KC, DH>{k_codes, k_side, capacity},                               \
+                                 kv::Side<VC, DH>{v_codes, v_side, capacity}, step, part_m, part_l, part_o,    \
+                                 n_splits, scale, tables, group);                                              \
+    }
+
 #define KV_PREFILL_ENTRY(FMT, KC, VC, DH)                                                                      \
     extern "C" __global__ void __launch_bounds__(FLASH_THREADS, 2) kv_prefill_##FMT##_d##DH(                   \
         const float* __restrict__ q, const unsigned char* __restrict__ k_codes, const __half* __restrict__ k_side, \
@@ -328,6 +342,10 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
     KV_DECODE_ENTRY(FMT, KC, VC, 32, 1)         \
     KV_DECODE_ENTRY(FMT, KC, VC, 32, 2)         \
     KV_DECODE_ENTRY(FMT, KC, VC, 32, 4)         \
+    KV_DECODE_ANY_GROUP_ENTRY(FMT, KC, VC, 256) \
+    KV_DECODE_ANY_GROUP_ENTRY(FMT, KC, VC, 128) \
+    KV_DECODE_ANY_GROUP_ENTRY(FMT, KC, VC, 64)  \
+    KV_DECODE_ANY_GROUP_ENTRY(FMT, KC, VC, 32)  \
     KV_PREFILL_ENTRY(FMT, KC, VC, 256)          \
     KV_PREFILL_ENTRY(FMT, KC, VC, 128)          \
     KV_PREFILL_ENTRY(FMT, KC, VC, 64)           \

@@ -30,7 +30,9 @@ ROTATE_THREADS = 128  # kv::BLOCK
 HEAD_DIMS = (32, 64, 128, 256)  # instantiated head widths (128: the trained fixtures)
 GROUPS = (1, 2, 4, 6, 8)  # GQA group sizes of the fp16 decode kernels (attention.cu), every head width
 KV_DECODE_GROUPS = {256: GROUPS, 128: (1, 2, 4), 64: (1, 2, 4), 32: (1, 2, 4)}  # kv_cache.cu's decode entries
-F16_DECODE_GROUPS = {d: GROUPS for d in HEAD_DIMS}  # attention.cu's fp16 decode entries (prefill: every width)
+F16_DECODE_GROUPS = {d: GROUPS for d in HEAD_DIMS}  # attention.cu's fp16 decode entries (prefill: every group)
+# Other group sizes take the any-group decode kernels (`*_gany`: one query head per block, KV rows read once
+# per query head): every group size runs, the specialised ones read each KV row once for the whole group.
 QUANTISED_KERNEL_FORMATS = tuple(f for f in CUDA_KERNEL_FORMATS if f != "f16")  # kv_cache.cu entry points
 MAX_PREFILL_SPLITS = 8
 
@@ -81,13 +83,22 @@ def prefill_splits(sm_count: int, n_tokens: int, dims: AttnDims, kv_len: int) ->
     return max(1, min(MAX_PREFILL_SPLITS, -(-2 * sm_count // (q_tiles * dims.n_head_kv)), -(-kv_len // 256)))
 
 
-def _check_shape(dims: AttnDims, decode: bool, quantised: bool) -> None:
-    built = KV_DECODE_GROUPS if quantised else F16_DECODE_GROUPS
-    if dims.head_dim not in built or (decode and dims.group not in built[dims.head_dim]):
+def _check_shape(dims: AttnDims) -> None:
+    if dims.head_dim not in HEAD_DIMS or dims.n_head % dims.n_head_kv:
         raise RigllmError(
-            f"no attention kernel for head_dim {dims.head_dim} with {dims.group} query heads per KV head "
-            f"(built, head_dim: groups: {built})"
+            f"no attention kernel for head_dim {dims.head_dim} with {dims.n_head} query heads over "
+            f"{dims.n_head_kv} KV heads (built: head_dim {', '.join(map(str, HEAD_DIMS))}, any whole group)"
         )
+
+
+def _decode_launch(prefix: str, dims: AttnDims, built: dict[int, tuple[int, ...]], n_splits: int
+                   ) -> tuple[str, int, tuple[np.int32, ...]]:
+    """(kernel name, grid.y, trailing arguments) of a decode launch: the group's own kernel, grid over KV heads,
+    or the any-group kernel, grid over query heads with the group size as its last argument."""
+    _check_shape(dims)
+    if dims.group in built[dims.head_dim]:
+        return f"{prefix}_d{dims.head_dim}_g{dims.group}", dims.n_head_kv * n_splits, ()
+    return f"{prefix}_d{dims.head_dim}_gany", dims.n_head * n_splits, (np.int32(dims.group),)
 
 
 def kernel_format(fmt: KVFormat) -> str:
@@ -129,16 +140,16 @@ def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: De
                     step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int, n_tokens: int = 1) -> None:
     """Flash decode of n_tokens new tokens, each on its own (common.cuh's decode_block): a decode step, or
     a short verify whose token t then gets exactly the partials a one-token decode at pos + t would."""
-    _check_shape(dims, decode=True, quantised=False)
-    card.kernel(f"attn_decode_d{dims.head_dim}_g{dims.group}").launch(
-        (n_tokens, dims.n_head_kv * n_splits), DECODE_THREADS, q, k_cache, v_cache, step, *parts.args(),
-        np.int32(capacity), np.int32(n_splits), dims.scale,
+    name, blocks, tail = _decode_launch("attn_decode", dims, F16_DECODE_GROUPS, n_splits)
+    card.kernel(name).launch(
+        (n_tokens, blocks), DECODE_THREADS, q, k_cache, v_cache, step, *parts.args(),
+        np.int32(capacity), np.int32(n_splits), dims.scale, *tail,
     )
 
 
 def attn_prefill_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer, v_cache: DeviceBuffer,
                      step: DeviceBuffer, parts: Partials, n_tokens: int, capacity: int, n_splits: int) -> None:
-    _check_shape(dims, decode=False, quantised=False)
+    _check_shape(dims)
     q_tiles = -(-n_tokens * dims.group // PREFILL_ROWS)
     card.kernel(f"attn_prefill_d{dims.head_dim}").launch(
         q_tiles * dims.n_head_kv * n_splits, PREFILL_THREADS, q, k_cache, v_cache, step, *parts.args(),
@@ -178,16 +189,16 @@ def rotate_q(card: CudaCard, q: DeviceBuffer, q_rot: DeviceBuffer, n_rows: int, 
 def kv_decode(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
               parts: Partials, n_splits: int, tables: DeviceBuffer, n_tokens: int = 1) -> None:
     """attn_decode_f16 over a quantised cache."""
-    _check_shape(dims, decode=True, quantised=True)
-    card.kernel(f"kv_decode_{kernel_format(cache.format)}_d{dims.head_dim}_g{dims.group}").launch(
-        (n_tokens, dims.n_head_kv * n_splits), DECODE_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
-        step, *parts.args(), np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables,
+    name, blocks, tail = _decode_launch(f"kv_decode_{kernel_format(cache.format)}", dims, KV_DECODE_GROUPS, n_splits)
+    card.kernel(name).launch(
+        (n_tokens, blocks), DECODE_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
+        step, *parts.args(), np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables, *tail,
     )
 
 
 def kv_prefill(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
                parts: Partials, n_tokens: int, n_splits: int, tables: DeviceBuffer) -> None:
-    _check_shape(dims, decode=False, quantised=True)
+    _check_shape(dims)
     q_tiles = -(-n_tokens * dims.group // PREFILL_ROWS)
     card.kernel(f"kv_prefill_{kernel_format(cache.format)}_d{dims.head_dim}").launch(
         q_tiles * dims.n_head_kv * n_splits, PREFILL_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes,

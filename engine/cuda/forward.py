@@ -49,6 +49,7 @@ from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
+from engine.reference.hidden_trace import HiddenTrace
 from engine.model.kv_formats import KVFormat
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import Rope
@@ -112,6 +113,9 @@ class ForwardPass:
                 self.q_rot = (card.alloc(F32 * max_tokens * c.n_head * domain_width(kv.k, c.head_dim), "attn.q_rot")
                               if kv.k.rotated else None)
         self._rings: dict[int, GdnRing] | None = None  # set during run_verify only
+        # `rigllm debug compare`: when set, each block's sub-steps are downloaded into it (eager passes only)
+        self.trace: HiddenTrace | None = None
+        self._trace_rows: DeviceBuffer | None = None
         self._anywhere = False  # attention splits sized for the capacity (run_verify, run_block)
 
     # ---- helpers ---------------------------------------------------------------------------------
@@ -213,11 +217,14 @@ class ForwardPass:
                positions: list[DeviceBuffer | None]) -> None:
         """`seqs`: one sequence owning all n rows, or n sequences owning one row each; `positions` one per sequence."""
         x = self.q8[self.cfg.d_model]
-        self._norm(self.h, layer.mixer.attn_norm, x, n)
+        traced = self._traced_rows()
+        self._norm(self.h, layer.mixer.attn_norm, x, n, y=traced)
+        self._record(i, "norm", traced, n)
         if isinstance(layer.mixer, GdnWeights):
             self._gdn(i, layer.mixer, x, n, seqs)
         else:
             self._attention(i, layer.mixer, x, n, seqs, positions)
+        self._record(i, "mixer", self.h, n)
         f = layer.ffn
         self._norm(self.h, f.post_attention_norm, x, n)
         self._matmul(f.gate_up, x, self.proj, n)
@@ -229,6 +236,22 @@ class ForwardPass:
             np.int32(self.cfg.d_ff), np.int32(n), None, xf.xq, xf.xd,
         )
         self._matmul(f.down, xf, self.h, n, residual=self.h)
+        self._record(i, "ffn", self.h, n)
+
+    def _traced_rows(self) -> DeviceBuffer | None:
+        """The fp32 rows the mixer's norm also writes while tracing (None, and no extra write, otherwise)."""
+        if self.trace is None:
+            return None
+        if self._trace_rows is None:
+            self._trace_rows = self.card.alloc(F32 * self.max_tokens * self.cfg.d_model, "trace.norm")
+        return self._trace_rows
+
+    def _record(self, i: int, step: str, rows: DeviceBuffer | None, n: int) -> None:
+        """Download n rows of width D into the trace (waits for the stream: eager passes only)."""
+        if self.trace is None or rows is None:
+            return
+        self.card.stream.synchronize()
+        self.trace.record(i, step, rows.download(np.float32, (n, self.cfg.d_model)))
 
     def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence]) -> None:
         c = self.cfg

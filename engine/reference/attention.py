@@ -88,13 +88,16 @@ def attention_masks(hook: MaskHook) -> Iterator[None]:
 
 
 def attend_stored(
-    q: np.ndarray, cache: KVCache, n_past: int, head_dim: int, allowed: np.ndarray | None = None
+    q: np.ndarray, cache: KVCache, n_past: int, head_dim: int, allowed: np.ndarray | None = None,
+    key_parts: int = 1,
 ) -> np.ndarray:
     """softmax(q·Kᵀ/√Dh, causal)·V over the cache's stored rows, in the codecs' domains: o [T, H, Dh].
 
     q [T, H, Dh] are the new tokens' queries (rows n_past.. of the cache are theirs); query head h
     reads KV head h // G (HF repeat_kv). `allowed` [H, T, S] further masks each head (sparse
     attention); every row must keep at least one visible key. None (or all True) is exact dense.
+    `key_parts` > 1 sums the softmax denominator and the value rows over that many key ranges, then adds
+    the parts (the same math in another fp32 order, as the card's context splits: tests/teeth.py's floor).
     """
     t_new, h = q.shape[:2]
     keys, values = cache.key_domain(), cache.value_domain()  # [S, Hkv, domain width]
@@ -108,6 +111,9 @@ def attend_stored(
         visible = visible & allowed.reshape(hkv, group, t_new, cache.length)
     scores = np.where(visible, scores, -np.inf)
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    o = probs @ values.transpose(1, 0, 2)[:, None]  # [Hkv, G, T, Wv]
+    cuts = np.linspace(0, cache.length, key_parts + 1).astype(int)
+    parts = list(zip(cuts[:-1], cuts[1:]))
+    probs /= sum(probs[..., a:b].sum(axis=-1, keepdims=True) for a, b in parts)
+    vt = values.transpose(1, 0, 2)[:, None]
+    o = sum(probs[..., a:b] @ vt[..., a:b, :] for a, b in parts)  # [Hkv, G, T, Wv]
     return cache.v_codec.from_domain(o.transpose(2, 0, 1, 3).reshape(t_new, h, -1))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.reference.hidden_trace import record
 from engine.gguf.config import ModelConfig
 from engine.reference.attention import AttentionWeights, gated_attention
 from engine.reference.ffn import FfnWeights, swiglu
@@ -36,9 +37,13 @@ class DecoderBlock:
     def __call__(self, h: np.ndarray, positions: np.ndarray, cache: KVCache | GdnLayerState) -> np.ndarray:
         """New residual stream [T, D] for h [T, D]; `cache` is this block's state and is updated."""
         a = rmsnorm(h, self.attn_norm, self.cfg.rms_eps)
+        record(self.index, "norm", a)  # `rigllm debug compare`'s places (engine.reference.hidden_trace)
         if self.is_gdn:
             m = gated_deltanet(self.mixer, self.cfg, a, cache)  # type: ignore[arg-type]
         else:
             m = gated_attention(self.mixer, self.cfg, self.rope, a, positions, cache)  # type: ignore[arg-type]
         h = h + m
-        return h + swiglu(self.ffn, rmsnorm(h, self.ffn_norm, self.cfg.rms_eps))
+        record(self.index, "mixer", h)
+        h = h + swiglu(self.ffn, rmsnorm(h, self.ffn_norm, self.cfg.rms_eps))
+        record(self.index, "ffn", h)
+        return h

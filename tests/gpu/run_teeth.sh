@@ -37,9 +37,9 @@ case "$step" in
     export RIGLLM_TEST_BACKEND=cuda
     run api-contract-cuda "$PY" -m pytest -o addopts='' -v tests/api \
         --ignore=tests/api/test_admin.py --ignore=tests/api/test_api_schema_fuzz.py ;;
-6)  # the mutation check: needs .mutations/ (kept out of git in /work/main); two calls to fit 10 minutes
-    run mutations-a bash .mutations/run_mutations.sh baseline 1 2 ;;
-7)  run mutations-b bash .mutations/run_mutations.sh 3 4 ;;
+6)  # the mutation check: patches in tests/gpu/mutations/ (stored, applied only by this script; needs a git checkout: on a copy without .git run `git init -q && git add -A && git commit -qm base` first); two calls to fit 10 minutes
+    run mutations-a bash tests/gpu/mutations/run_mutations.sh baseline 1 2 ;;
+7)  run mutations-b bash tests/gpu/mutations/run_mutations.sh 3 4 ;;
 all) for s in 1 2 3 4 5 6 7; do bash "$0" "$s"; done ;;
 *)  sed -n '2,12p;/^# Expected/,$p' "$0"; exit 2 ;;
 esac

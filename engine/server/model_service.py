@@ -6,6 +6,7 @@ no generation time and always gets a 400 (or 404) instead of failing mid-stream.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,10 @@ from engine.server.api_errors import APIError
 from engine.server.generation_job import Event, Job
 from engine.server.logprob_format import requested_top_logprobs
 from engine.server.multimodal_chat import PreparedChat, Vision, open_vision, with_images
+from engine.server.request_limits import (LimitExceeded, RequestLimits, check_deadline, check_prompt_length,
+                                          check_stops, text_length)
 from engine.server.response_format import json_constraint_for
+from engine.server.tool_schemas import check_tools, tool_names
 from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 
@@ -36,6 +40,12 @@ class ModelService:
     context_length: int
     created: int = field(default_factory=lambda: int(time.time()))
     vision: Vision = field(default_factory=lambda: Vision(None))
+    limits: RequestLimits = field(default_factory=RequestLimits)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Characters the longest token of the vocabulary decodes to (bytes, which bound characters)."""
+        return max((len(self.tokenizer.token_bytes(i)) for i in range(self.tokenizer.vocab_size)), default=1)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, mmproj: str | Path | None = None) -> ModelService:
@@ -57,7 +67,8 @@ class ModelService:
         """
         chat = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools, enable_thinking=enable_thinking,
                                  context_length=self.context_length, reply_prefix=reply_prefix)
-        return with_images(chat, messages, self.vision, self.tokenizer, self.context_length, backend_takes_images)
+        return with_images(chat, messages, self.vision, self.tokenizer, self.context_length, backend_takes_images,
+                           self.limits)
 
     def check_model(self, requested: str | None) -> None:
         if requested and requested != self.model_id:
@@ -69,6 +80,10 @@ class ModelService:
         """The request as a job; `backend_takes_images`: `GenerationWorker.supports_images` (when False,
         images are refused before the tower runs; `GenerationWorker.submit` refuses them in any case)."""
         self.check_model(req.model)
+        try:
+            check_tools(req.tools)
+        except LimitExceeded as err:
+            raise APIError(400, str(err), param=err.param) from None
         constraint = json_constraint_for(req.response_format, self.tokenizer)
         if constraint is not None and req.tool_choice not in (None, "auto", "none"):
             raise APIError(400, "response_format json_object cannot be combined with a required or named "
@@ -81,8 +96,11 @@ class ModelService:
                            param="chat_template_kwargs")
         messages = [template_message(i, m) for i, m in enumerate(req.messages)]
         try:
+            check_prompt_length(text_length(messages), self.context_length, self.max_token_chars, "messages")
             prepared = self.prepare_chat(messages, tools=tools, enable_thinking=enable_thinking, reply_prefix=forced,
                                          backend_takes_images=backend_takes_images)
+        except LimitExceeded as err:
+            raise APIError(400, str(err), param=err.param, code="context_length_exceeded") from None
         except RigllmError as err:
             code = "context_length_exceeded" if "context holds" in str(err) else None
             raise APIError(400, str(err), param="messages", code=code) from None
@@ -102,6 +120,10 @@ class ModelService:
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
         if len(prompts) != 1:
             raise APIError(400, "exactly one prompt string per request is supported", param="prompt")
+        try:
+            check_prompt_length(len(prompts[0]), self.context_length, self.max_token_chars, "prompt")
+        except LimitExceeded as err:
+            raise APIError(400, str(err), param=err.param, code="context_length_exceeded") from None
         ids = self.tokenizer.encode(prompts[0], parse_special=True)
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
@@ -135,11 +157,12 @@ class ModelService:
             raise APIError(400, "tool_choice needs tools", param="tool_choice")
         if choice == "required":
             return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}"
-        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        function = choice.get("function") if isinstance(choice, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
             raise APIError(400, 'tool_choice must be "auto", "none", "required" or '
                            '{"type": "function", "function": {"name": ...}}', param="tool_choice")
-        if name not in {t.get("function", {}).get("name") for t in req.tools}:
+        if name not in tool_names(req.tools):
             raise APIError(400, f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
         return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
 
@@ -155,12 +178,15 @@ class ModelService:
         except RigllmError as err:
             raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from None
         room = self.context_length - len(prompt_ids)
-        max_tokens = min(limit, room) if limit else room
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        if len(stop) > 4:
-            raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
+        max_tokens = min(limit or self.limits.default_max_tokens, room)
+        try:
+            stop = check_stops(req.stop)
+            deadline = check_deadline(req.deadline_seconds)
+        except LimitExceeded as err:
+            raise APIError(400, str(err), param=err.param) from None
         return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink, top_logprobs=top_logprobs,
-                   speculative=req.speculative is not False)
+                   speculative=req.speculative is not False,
+                   deadline=time.monotonic() + deadline if deadline is not None else None)
 
 
 def template_message(index: int, message: ChatMessage) -> dict[str, Any]:

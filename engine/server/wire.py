@@ -95,6 +95,7 @@ class SamplingFields(RequestBody):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     speculative: bool | None = None  # None: the server's default (on when the model has an MTP head)
+    deadline_seconds: float | None = None  # rigllm's own: stop generating this long after arrival ("length")
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -28,6 +28,7 @@ from engine.gguf.mmproj import LoadedMmproj
 from engine.server.api_errors import APIError
 from engine.server.model_service import ModelService
 from engine.server.multimodal_chat import vision_for_backend
+from engine.server.request_limits import RequestLimits
 from engine.server.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS, GenerationWorker
 
 log = logging.getLogger("rigllm.admin")
@@ -59,9 +60,11 @@ class ModelHost:
 
     def __init__(self, backend: str = "auto", max_queue: int = 16, opener: BackendOpener = open_with_progress,
                  slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-                 snapshot_root: Path | None = None, speculative: bool = True):
+                 snapshot_root: Path | None = None, speculative: bool = True, limits: RequestLimits = RequestLimits()):
         """`slots` and `prefix_cache_bytes` apply to every model loaded (see `GenerationWorker`);
-        `snapshot_root` keeps chat-turn states on disk there too, so they survive a restart."""
+        `snapshot_root` keeps chat-turn states on disk there too, so they survive a restart; `limits`
+        bound every request to every model (engine.server.request_limits)."""
+        self.limits = limits
         self.snapshot_root = snapshot_root
         self.speculative = speculative  # draft with a model's MTP head when the backend can
         self.backend = backend
@@ -229,7 +232,7 @@ class ModelHost:
         ctx = min(context or native, native)
         if ctx < 2:
             raise RigllmError("the context must be at least 2 tokens")
-        service = replace(ModelService.from_loaded(loaded), context_length=ctx)
+        service = replace(ModelService.from_loaded(loaded), context_length=ctx, limits=self.limits)
         if self.current is not None:
             self._set_stage("unloading the previous model")
             self._release()

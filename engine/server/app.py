@@ -164,7 +164,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     async def answer(request: Request, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Response:
         service, worker = models.require()
         loop = asyncio.get_running_loop()
-        sink = AsyncSink(loop)
+        sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
         make_job = service.chat_job if chat else service.completion_job
         job = await loop.run_in_executor(pool, make_job, req, sink)
         sink.bind(job)

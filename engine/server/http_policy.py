@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.server.api_errors import error_response
+from engine.server.generation_job import DEFAULT_STALL_SECONDS
 
 OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
 ADMIN_PREFIX = "/admin"
@@ -40,7 +41,8 @@ DEFAULT_PREPARE_THREADS = 4
 class HttpPolicy:
     """`api_key`: for the OpenAI routes (None: keyless); `admin_key`: for `/admin/*` (and the OpenAI
     routes too, so one client can drive a rig with one key); `bind_host`: the address served on;
-    `allowed_hosts`: more Host names a keyless server answers (e.g. a name in /etc/hosts)."""
+    `allowed_hosts`: more Host names a keyless server answers (e.g. a name in /etc/hosts);
+    `stall_seconds`: how long a response's oldest event may wait unread before its request is dropped."""
 
     api_key: str | None = None
     admin_key: str | None = None
@@ -49,6 +51,7 @@ class HttpPolicy:
     allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     prepare_threads: int = DEFAULT_PREPARE_THREADS
+    stall_seconds: float = DEFAULT_STALL_SECONDS
     hosts: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:

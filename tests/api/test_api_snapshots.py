@@ -37,8 +37,8 @@ def serving(loaded: LoadedModel, root: Path, template_suffix: str = "") -> Itera
     worker = GenerationWorker(model_backend(loaded), service.tokenizer, snapshots=settings)
     worker.start()
     try:
-        with TestClient(create_app(FixedModel(service, worker))) as http:
-            yield openai.OpenAI(base_url="http://testserver/v1", api_key="noop", http_client=http, max_retries=0)
+        with TestClient(create_app(FixedModel(service, worker)), base_url="http://localhost") as http:
+            yield openai.OpenAI(base_url="http://localhost/v1", api_key="noop", http_client=http, max_retries=0)
     finally:
         worker.stop()
 

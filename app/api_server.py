@@ -22,6 +22,7 @@ from keyring.errors import KeyringError
 from engine.errors import RigllmError
 from engine.server.access import KEYRING_SERVICE, KEYRING_USER
 from engine.server.app import FixedModel, create_app
+from engine.server.http_policy import HttpPolicy
 
 from app.chat_engine import ChatEngine
 
@@ -79,7 +80,9 @@ class _ClientCounter:
 class ApiServer:
     def __init__(self, engine: ChatEngine, api_key: str, host: str = "127.0.0.1", port: int = 8765):
         self.host, self.port = host, port
-        app = create_app(FixedModel(engine.service, engine.worker, engine.info.label), api_key)
+        # The OpenAI routes only (no admin API: the app itself is the model's owner), always with a key.
+        app = create_app(FixedModel(engine.service, engine.worker, engine.info.label),
+                         policy=HttpPolicy(api_key=api_key, bind_host=host))
         self.clients = _ClientCounter(app)
         self._server = uvicorn.Server(uvicorn.Config(self.clients, host=host, port=port, log_level="warning"))
         self._thread: threading.Thread | None = None

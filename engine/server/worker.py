@@ -54,8 +54,9 @@ def _plain_thread(target: Callable[[], None], name: str) -> OwnerThread:
     return threading.Thread(target=target, name=name, daemon=True)
 
 
-class Unavailable(Exception):
-    """The worker takes no job now (a 503): `code` says why, `retry_after` when to ask again (seconds)."""
+class Unavailable(RigllmError):
+    """The worker takes no job now (a 503 in the API, a message in the app): `code` says why, `retry_after`
+    when to ask again (seconds)."""
 
     code = "unavailable"
     retry_after = 1

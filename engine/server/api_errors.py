@@ -6,6 +6,8 @@ Every failure a client can cause maps to a 4xx here; only our own bugs reach the
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,9 +44,9 @@ def error_response(status: int, message: str, param: str | None = None, code: st
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
-def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
     """The first problem pydantic found, phrased as `field: reason`, and the field's dotted name."""
-    first = err.errors()[0] if err.errors() else {}
+    first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
@@ -60,12 +62,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
+        message, param = validation_message(exc.errors())
         return error_response(400, message, param, "invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, str(exc.detail), getattr(exc, "param", None), getattr(exc, "code", None),
+                              getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:

@@ -78,6 +78,13 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(http):
     still_serving(http)
 
 
+def test_more_messages_than_can_be_validated_cheaply_are_refused(http):
+    many = [{"role": "user", "content": "x"}] * 20_000  # 0.6 MB; each costs microseconds of validation
+    error = refused(http, 400, json={"messages": many})
+    assert "at most 16384 messages" in error["message"]
+    still_serving(http)
+
+
 def test_text_that_cannot_fit_is_refused_before_tokenizing(server, http):
     chars = BODY_LIMIT - 1000
     assert chars > server.service.context_length * server.service.max_token_chars  # the bound applies

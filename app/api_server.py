@@ -80,9 +80,12 @@ class ApiServer:
         import uvicorn
 
         from engine.server.app import FixedModel, create_app
+        from engine.server.http_policy import HttpPolicy
 
         self.host, self.port = host, port
-        app = create_app(FixedModel(engine.service, engine.worker, engine.info.label), api_key)
+        # The OpenAI routes only (no admin API: the app itself is the model's owner), always with a key.
+        app = create_app(FixedModel(engine.service, engine.worker, engine.info.label),
+                         policy=HttpPolicy(api_key=api_key, bind_host=host))
         self.clients = _ClientCounter(app)
         self._server = uvicorn.Server(uvicorn.Config(self.clients, host=host, port=port, log_level="warning"))
         self._thread: threading.Thread | None = None

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QS
 from engine.errors import RigllmError
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
 from engine.generation.serving.generation_job import Finished
-from engine.generation.serving.worker import QueueFull
+from engine.generation.serving.worker import Unavailable
 
 from app.chat_engine import ChatEngine, ImageInputError
 from app.chat_records import COMPLETE, FAILED, STOPPED, STREAMING, Attachment, Message
@@ -258,12 +258,12 @@ class ChatPane(QWidget):
         except ImageInputError as err:
             self.notice.emit(str(err))
             return
+        except Unavailable as err:  # a full queue or a dead worker: say so, keep the chat as it is
+            self.notice.emit(str(err))
+            return
         except RigllmError as err:
             self.context_label.setText(str(err))
             self.context_bar.setVisible(True)
-            return
-        except QueueFull as err:
-            self.notice.emit(str(err))
             return
         self.context_bar.setVisible(False)
         answer = Message("assistant", "", status=STREAMING)
@@ -317,7 +317,7 @@ class ChatPane(QWidget):
             history = history[dropped:]
         try:
             job_id = self.engine.submit(history, settings)
-        except (RigllmError, QueueFull) as err:
+        except RigllmError as err:
             self.context_label.setText(str(err))
             return
         self.summary = _Summary(job_id)

@@ -1,4 +1,5 @@
-""""Connect to rig": the address of a headless `rigllm serve` and its API key.
+""""Connect to rig": the address of a headless `rigllm serve` and its admin key (which opens its /admin API
+and also its OpenAI routes, so the app needs that one key).
 
 The key is filled in from the keyring when one is kept for that host and port, and kept there when
 "Remember" is on (service "rigllm", user "rig-key:HOST:PORT"); it never goes into the settings file.
@@ -20,18 +21,18 @@ class ConnectDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Connect to rig")
         layout = QVBoxLayout(self)
-        layout.addWidget(QLabel("A rig running <code>rigllm serve --host 0.0.0.0 --api-key-file ...</code> "
+        layout.addWidget(QLabel("A rig running <code>rigllm serve --host 0.0.0.0 --admin-key-file ...</code> "
                                 "(see packaging/systemd): chat, load models and watch its cards from here."))
         form = QFormLayout()
         self.host = QLineEdit(host, placeholderText="rig.local or 192.168.1.20")
         self.port = QSpinBox(minimum=1, maximum=65535, value=port)
-        self.key = QLineEdit(placeholderText="the key in the rig's /etc/rigllm/api-key")
+        self.key = QLineEdit(placeholderText="the key in the rig's /etc/rigllm/admin-key")
         self.key.setEchoMode(QLineEdit.Password)
         self.remember = QCheckBox("Remember the key in the system keyring")
         self.remember.setChecked(True)
         form.addRow("Host", self.host)
         form.addRow("Port", self.port)
-        form.addRow("API key", self.key)
+        form.addRow("Admin key", self.key)
         form.addRow("", self.remember)
         layout.addLayout(form)
         self.error = QLabel()

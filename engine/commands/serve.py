@@ -1,8 +1,11 @@
-"""`rigllm serve [MODEL]`: the OpenAI-compatible API and the admin API on one model host (default model:
-the random-weight demo model; `--no-model` starts empty and waits for `POST /admin/load`).
+"""`rigllm serve [MODEL]`: the OpenAI-compatible API, and with `--admin-key` (or `--admin`) the admin API,
+on one model host (default model: the random-weight demo model; `--no-model` starts empty and waits
+for `POST /admin/load`).
 
 Binding beyond loopback without an API key is refused: the server would hand anyone on the network
-a GPU and whatever the model can be made to say.
+a GPU and whatever the model can be made to say. The admin API (load any model of the model folders,
+unload, read logs) never shares the API key: it has its own, or on a keyless loopback server it is
+off unless `--admin` turns it on.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from pathlib import Path
 
 from engine.commands.placement_args import add_placement_args, placement_options
 from engine.backends import BACKEND_CHOICES
+from engine.generation.serving.request_limits import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES, DEFAULT_MAX_TOKENS
 from engine.generation.serving.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
+from engine.server.http_policy import DEFAULT_MAX_BODY_BYTES
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -39,11 +44,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="require the key stored in FILE (first line; for services: keeps it out of `ps`)")
     key.add_argument("--use-keyring", action="store_true",
                      help="require the key stored in the OS keyring (service 'rigllm', user 'api-key')")
+    admin = p.add_mutually_exclusive_group()
+    admin.add_argument("--admin-key", help="turn the admin API (/admin/*) on, guarded by this key (it must differ "
+                                           "from the API key, and also works for the OpenAI routes)")
+    admin.add_argument("--admin-key-file", metavar="FILE", help="as --admin-key, the key read from FILE's first line")
+    admin.add_argument("--admin", action="store_true",
+                       help="turn the admin API on without a key of its own (keyless loopback servers only)")
+    p.add_argument("--model-dir", action="append", default=[], type=Path, metavar="DIR",
+                   help="a folder whose .gguf files the admin API may plan, inspect and load (repeatable; "
+                        "always included: the served model's folder and the demo model's)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let browser pages from ORIGIN call the API (repeatable; default: no CORS headers)")
-    p.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait before 503 (default 16)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="another Host name a keyless server answers (repeatable; default: localhost, 127.0.0.1, "
+                        "[::1] and the bound address)")
+    p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_BYTES / 2**20,
+                   help=f"largest request body, refused with 413 before it is read (default {DEFAULT_MAX_BODY_BYTES >> 20})")
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"reply length when a request sets no max_tokens (default {DEFAULT_MAX_TOKENS}; never more "
+                        "than the context's room)")
+    p.add_argument("--max-images", type=int, default=DEFAULT_MAX_IMAGES,
+                   help=f"images one request may send (default {DEFAULT_MAX_IMAGES})")
+    p.add_argument("--max-image-megapixels", type=float, default=DEFAULT_MAX_IMAGE_PIXELS / 1e6,
+                   help=f"largest image, read from its header before decoding (default {DEFAULT_MAX_IMAGE_PIXELS / 1e6:g})")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests allowed to wait for a slot; one more gets 503 with Retry-After (default 16)")
     p.add_argument("--public-metrics", action="store_true",
-                   help="serve /metrics (Prometheus) without the API key (default: it needs the key when one is set)")
+                   help="serve /metrics (Prometheus) without a key (default: it needs the key when one is set)")
     p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
     add_placement_args(p)
     p.add_argument("--slots", type=int, default=DEFAULT_SLOTS,
@@ -58,7 +85,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-cache-mb", type=int, default=DEFAULT_PREFIX_CACHE_BYTES >> 20,
                    help="host memory for kept chat-turn states, so follow-up turns skip their prefix (0: off)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="on SIGTERM/Ctrl-C, let running requests finish this long, then cancel them (default 30)")
+                   help="on SIGTERM/Ctrl-C, let running requests finish this long, then end them (streams get "
+                        "an error event and [DONE]; default 30)")
     p.set_defaults(func=run)
 
 
@@ -86,6 +114,22 @@ def api_key(args: argparse.Namespace) -> str | None:
         raise RigllmError(f"refusing to serve on {args.host} without --api-key, --api-key-file or --use-keyring "
                           "(only loopback may run keyless)")
     return key
+
+
+def admin_access(args: argparse.Namespace, key: str | None) -> tuple[bool, str | None]:
+    """Whether the admin API is on, and its key; refuses the combinations that would share or drop a key."""
+    from engine.errors import RigllmError
+    from engine.server.access import key_from_file
+
+    admin_key = key_from_file(args.admin_key_file) if args.admin_key_file else args.admin_key
+    if admin_key is not None and admin_key == key:
+        raise RigllmError("--admin-key must differ from the API key (any API client could otherwise load models)")
+    if args.admin and (key or not is_loopback(args.host)):
+        raise RigllmError("--admin without a key is for keyless loopback servers; give --admin-key instead")
+    enabled = args.admin or admin_key is not None
+    if args.no_model and not enabled:
+        raise RigllmError("--no-model needs the admin API to load a model: add --admin-key (or --admin on loopback)")
+    return enabled, admin_key
 
 
 @contextmanager
@@ -126,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
         raise RigllmError("--context must be at least 2")
     if args.no_model and args.model is not None:
         raise RigllmError("give a model or --no-model, not both")
+    admin_on, admin_key = admin_access(args, key)
+    for name in ("max_body_mb", "default_max_tokens", "max_images", "max_image_megapixels"):
+        if getattr(args, name) <= 0:
+            raise RigllmError(f"--{name.replace('_', '-')} must be positive")
 
     import uvicorn
 
@@ -134,6 +182,11 @@ def run(args: argparse.Namespace) -> int:
     from engine.server.admin_host import DEMO_LABEL, ModelHost, open_with_progress
     from engine.server.admin_logs import install_log_ring
     from engine.server.app import create_app
+    from engine.generation.serving.live_requests import LiveRequests
+    from engine.generation.serving.request_limits import RequestLimits
+    from engine.server.deadline_server import DeadlineServer
+    from engine.server.http_policy import HttpPolicy
+    from engine.server.model_folders import ModelFolders
     from engine.telemetry import SerializedSource, open_source
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
@@ -145,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
     host = ModelHost(args.backend, args.max_queue, slots=args.slots, prefix_cache_bytes=args.prefix_cache_mb << 20,
                      opener=functools.partial(open_with_progress, speculative=args.mtp == "on", **placement),
                      snapshot_root=snapshot_root,
-                     speculative=args.mtp == "on")
+                     speculative=args.mtp == "on",
+                     limits=RequestLimits(args.default_max_tokens, args.max_images,
+                                          round(args.max_image_megapixels * 1e6)))
     telemetry = SerializedSource(open_source())  # /admin/cards and /metrics scrapes read it from several threads
     stopping = threading.Event()
     url = f"http://{args.host}:{args.port}/v1"
@@ -169,12 +224,21 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(f"[rigllm] no model loaded; load one with POST {url.removesuffix('/v1')}/admin/load",
                       file=sys.stderr)
-            app = create_app(host, key, cors_origins, telemetry=telemetry, public_metrics=args.public_metrics)
-            app.include_router(admin_router(host, telemetry, ring))
-            # Stop: uvicorn stops accepting, lets running requests finish for up to the timeout, then cancels
-            # them (their jobs are cancelled); host.close() below stops the worker, freeing the cards.
-            uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                        timeout_graceful_shutdown=args.shutdown_timeout)
+            policy = HttpPolicy(api_key=key, admin_key=admin_key, cors_origins=tuple(cors_origins),
+                                bind_host=args.host, allowed_hosts=tuple(args.allowed_host),
+                                max_body_bytes=round(args.max_body_mb * 2**20))
+            live = LiveRequests()
+            # Stop: uvicorn stops accepting and lets running requests finish; at --shutdown-timeout the ones
+            # still running are ended (streams with an error and [DONE]); then the app's shutdown stops the
+            # worker, freeing the cards, while the event loop still runs.
+            app = create_app(host, policy=policy, live=live, on_shutdown=host.close, telemetry=telemetry,
+                             public_metrics=args.public_metrics)
+            if admin_on:
+                served = [Path(args.model).parent] if args.model else []
+                folders = ModelFolders([*args.model_dir, *served, ensure_demo_model().parent])
+                app.include_router(admin_router(host, telemetry, ring, folders))
+            DeadlineServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"), live,
+                           args.shutdown_timeout).run()
     finally:
         host.close()
         telemetry.close()

@@ -157,6 +157,8 @@ class OutputParser:
         self._buf = ""
         self._events: list[ParseEvent] = []
         self.tool_call_count = 0
+        self.cut_call = False  # finish(truncated=True) dropped a call the reply was still writing
+        self._truncated = False
         self._finished = False
 
     @property
@@ -170,10 +172,21 @@ class OutputParser:
         self._buf += delta
         return self._advance(final=False)
 
-    def finish(self) -> list[ParseEvent]:
-        """Flush everything held back; the reply is over."""
+    def finish(self, truncated: bool = False) -> list[ParseEvent]:
+        """Flush everything held back; the reply is over.
+
+        `truncated`: it was cut by its token budget. A call it was still writing is then dropped (a
+        streamed head cannot be taken back, but no half-built call is completed and none of its markup
+        is shown as content; `cut_call` says so), and so is a held tail that could be call markup.
+        """
         if self._finished:
             return []
+        self._truncated = truncated
+        if truncated and self._state in ("call", "block", "bare"):
+            if self._call is not None:
+                self.tool_call_count -= 1
+                self._call = None
+            self.cut_call, self._buf, self._state = True, "", "content"
         events = self._advance(final=True)
         self._finished = True
         return events
@@ -235,7 +248,8 @@ class OutputParser:
             self._buf = self._buf[len(pre):]  # the block keeps its leading whitespace in case it degrades
             self._state = "block" if self._buf.lstrip().startswith(CALL_OPEN) else "bare"
             return True
-        keep = len(self._buf) if final else len(self._buf) - _partial_tag_length(self._buf, self._call_tags)
+        whole = final and not self._truncated
+        keep = len(self._buf) if whole else len(self._buf) - _partial_tag_length(self._buf, self._call_tags)
         self._release(ContentDelta, keep, None, final)
         return False
 

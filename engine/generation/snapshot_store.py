@@ -135,7 +135,7 @@ class SnapshotStore:
             try:
                 header = read_header(path)
             except (SnapshotFormatError, OSError) as err:
-                log.info("dropping unreadable snapshot %s: %s", path.name, err)
+                log.warning("dropping unreadable snapshot %s: %s", path.name, err)
                 path.unlink(missing_ok=True)
                 continue
             if header.identity != self.identity:

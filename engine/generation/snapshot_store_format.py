@@ -8,12 +8,16 @@ kept as JSON with each array replaced by its index. The model configuration is n
 gets it from the backend that restores the state (the model identity guarantees it is the same).
 
 Layout: MAGIC, u32 format version, u64 header length, header JSON, int32 token ids, arrays in order.
+The header holds the CRC-32 of everything after it (`payload_crc32`), checked when the state is read:
+a file whose header is intact but whose payload is not (a bad sector, a partial copy) would
+otherwise restore a wrong state silently and every answer built on it would differ.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +31,7 @@ from engine.gguf.config import ModelConfig
 from engine.reference.state import StateSnapshot
 
 MAGIC = b"RIGSNAP\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the payload checksum
 _PREAMBLE = struct.Struct("<8sIQ")
 
 
@@ -52,6 +56,7 @@ class SnapshotHeader:
     tree: Any
     arrays: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, shape) per array, in file order
     data_offset: int  # where the token ids start
+    payload_crc32: int  # of the token ids and arrays, as written
 
     def file_size(self) -> int:
         size = self.data_offset + 4 * self.n_tokens
@@ -99,16 +104,25 @@ def write_snapshot(f: BinaryIO, identity: SnapshotIdentity, tokens: Sequence[int
     """Write one snapshot to an open binary file (the caller makes the write atomic)."""
     arrays: list[np.ndarray] = []
     tree = encode_tree(snapshot, arrays)
+    token_bytes = np.asarray(tokens, dtype="<i4").tobytes()
+    crc = zlib.crc32(token_bytes)
+    for a in arrays:
+        crc = _crc(np.ascontiguousarray(a), crc)
     header = json.dumps({
         "model_id": identity.model_id, "kv_format": identity.kv_format, "template_hash": identity.template_hash,
         "n_tokens": len(tokens), "nbytes": snapshot.nbytes, "tree": tree,
-        "arrays": [[a.dtype.str, list(a.shape)] for a in arrays],
+        "arrays": [[a.dtype.str, list(a.shape)] for a in arrays], "payload_crc32": crc,
     }).encode()
     f.write(_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header)))
     f.write(header)
-    f.write(np.asarray(tokens, dtype="<i4").tobytes())
+    f.write(token_bytes)
     for a in arrays:
         write_array(f, a)
+
+
+def _crc(a: np.ndarray, crc: int) -> int:
+    """`crc` extended by a contiguous array's bytes (without copying them; empty arrays included)."""
+    return zlib.crc32(a.reshape(-1).view(np.uint8), crc)
 
 
 def write_array(f: BinaryIO, a: np.ndarray) -> None:
@@ -129,7 +143,7 @@ def read_header(path: Path) -> SnapshotHeader:
             h = json.loads(f.read(length))
             header = SnapshotHeader(SnapshotIdentity(h["model_id"], h["kv_format"], h["template_hash"]), h["n_tokens"],
                                     h["nbytes"], h["tree"], tuple((dt, tuple(shape)) for dt, shape in h["arrays"]),
-                                    _PREAMBLE.size + length)
+                                    _PREAMBLE.size + length, int(h["payload_crc32"]))
         except (ValueError, KeyError, TypeError) as err:
             raise SnapshotFormatError(f"{path.name}: bad header ({err})") from None
     if path.stat().st_size != header.file_size():
@@ -142,12 +156,17 @@ def read_snapshot(path: Path, config: ModelConfig) -> tuple[SnapshotHeader, tupl
     header = read_header(path)
     with open(path, "rb") as f:
         f.seek(header.data_offset)
-        tokens = tuple(int(t) for t in np.fromfile(f, dtype="<i4", count=header.n_tokens))
+        ids = np.fromfile(f, dtype="<i4", count=header.n_tokens)
+        crc = _crc(ids, 0)
+        tokens = tuple(int(t) for t in ids)
         arrays = []
         for dt, shape in header.arrays:
             a = np.fromfile(f, dtype=np.dtype(dt), count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+            crc = _crc(a, crc)
             a.setflags(write=False)
             arrays.append(a)
+    if crc != header.payload_crc32:
+        raise SnapshotFormatError(f"{path.name}: its payload does not match its checksum (the file is corrupt)")
     snapshot = decode_tree(header.tree, arrays, config)
     if not isinstance(snapshot, SlotSnapshot):
         raise SnapshotFormatError(f"{path.name}: does not hold a slot snapshot")

@@ -1,12 +1,14 @@
 """The admin API beside the OpenAI one: plan, load/unload with progress, card telemetry, recent logs.
 
 It is what a headless rig is driven by from the desktop app ("Connect to rig"). Included in the app
-that `create_app` makes (`rigllm serve` does), so the same API-key middleware guards `/admin/*` as
-the OpenAI routes. Plans are
+that `create_app` makes when `rigllm serve` is given `--admin-key` (or `--admin` on a keyless
+loopback server); `/admin/*` then takes only the admin key (engine.server.http_policy), and model
+paths reach only the GGUF files of the configured model folders (engine.server.model_folders). Plans are
 exactly `rigllm info --json`'s (`engine.model.model_info.describe`), so the app, the CLI and the remote rig
 show one verdict.
 
-    GET  /admin/plan?model=PATH&context=N&kv=FORMAT   planner verdict for 1-4 cards (default: the loaded model)
+    GET  /admin/plan?model=PATH&context=N&kv=FORMAT   planner verdict for 1-4 cards (default: the loaded model;
+                                                      PATH: absolute, or relative to a model folder)
     GET  /admin/inspect?model=PATH                    the file's name and footprint (default: the demo model),
                                                       which the app prices on the rig's cards like a local file
     GET  /admin/load                                  load state and per-card progress
@@ -36,6 +38,8 @@ from engine.server.admin_footprint import footprint_to_json
 from engine.server.admin_host import DEMO_LABEL, ModelHost
 from engine.server.admin_logs import LogRing
 from engine.generation.serving.request_error import APIError
+from engine.server.bounded_body import BoundedBodyRoute
+from engine.server.model_folders import ModelFolders
 from engine.telemetry import TelemetrySource
 
 MAX_LOG_RECORDS = 2000
@@ -48,9 +52,9 @@ class LoadRequest(BaseModel):
     backend: str | None = Field(default=None, description=f"one of {', '.join(BACKEND_CHOICES)}")
 
 
-def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> APIRouter:
-    """The `/admin` routes over one model host, one telemetry source and one log ring."""
-    router = APIRouter(prefix="/admin", tags=["admin"])
+def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing, folders: ModelFolders) -> APIRouter:
+    """The `/admin` routes over one model host, one telemetry source, one log ring and the model folders."""
+    router = APIRouter(prefix="/admin", tags=["admin"], route_class=BoundedBodyRoute)
     telemetry_lock = threading.Lock()  # NVML sources are polled from one thread at a time
 
     def plan(model: str | None = None, context: int | None = Query(default=None, ge=1),
@@ -58,7 +62,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
         from engine.model.model_info import describe
         from engine.gguf.loader import load_model
 
-        path = model or host.status()["path"]
+        path = folders.resolve(model) if model else host.status()["path"]
         if path is None:
             raise APIError(400, "no model given and none is loaded: pass ?model=PATH", param="model")
         try:
@@ -74,7 +78,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
         from engine.vision.device_footprint import with_tower
 
         try:
-            loaded = load_model(model or ensure_demo_model())
+            loaded = load_model(folders.resolve(model) if model else ensure_demo_model())
         except RigllmError as err:
             raise APIError(400, str(err), param="model") from None
         return {"path": str(loaded.path), "demo": model is None,
@@ -93,7 +97,7 @@ def admin_router(host: ModelHost, telemetry: TelemetrySource, logs: LogRing) -> 
 
             host.start_load(ensure_demo_model(), req.context, req.backend, label=DEMO_LABEL)
         else:
-            host.start_load(req.model, req.context, req.backend)
+            host.start_load(folders.resolve(req.model), req.context, req.backend)
         return JSONResponse(host.status(), status_code=202)
 
     def cancel_load() -> dict[str, Any]:

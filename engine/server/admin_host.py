@@ -25,11 +25,12 @@ from engine.generation.backend import Backend
 from engine.model.load_progress import LoadCancelled, LoadProgress, ProgressCallback
 from engine.generation.snapshot_store import SnapshotSettings
 from engine.gguf.loader import LoadedModel, load_model
-from engine.vision.mmproj import LoadedMmproj
-from engine.generation.serving.request_error import APIError
 from engine.generation.serving.model_service import ModelService
 from engine.generation.serving.multimodal_chat import vision_for_backend
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.request_limits import RequestLimits
 from engine.generation.serving.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS, GenerationWorker
+from engine.vision.mmproj import LoadedMmproj
 
 log = logging.getLogger("rigllm.admin")
 
@@ -60,9 +61,11 @@ class ModelHost:
 
     def __init__(self, backend: str = "auto", max_queue: int = 16, opener: BackendOpener = open_with_progress,
                  slots: int = DEFAULT_SLOTS, prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
-                 snapshot_root: Path | None = None, speculative: bool = True):
+                 snapshot_root: Path | None = None, speculative: bool = True, limits: RequestLimits = RequestLimits()):
         """`slots` and `prefix_cache_bytes` apply to every model loaded (see `GenerationWorker`);
-        `snapshot_root` keeps chat-turn states on disk there too, so they survive a restart."""
+        `snapshot_root` keeps chat-turn states on disk there too, so they survive a restart; `limits`
+        bound every request to every model (engine.generation.serving.request_limits)."""
+        self.limits = limits
         self.snapshot_root = snapshot_root
         self.speculative = speculative  # draft with a model's MTP head when the backend can
         self.backend = backend
@@ -230,7 +233,7 @@ class ModelHost:
         ctx = min(context or native, native)
         if ctx < 2:
             raise RigllmError("the context must be at least 2 tokens")
-        service = replace(ModelService.from_loaded(loaded), context_length=ctx)
+        service = replace(ModelService.from_loaded(loaded), context_length=ctx, limits=self.limits)
         if self.current is not None:
             self._set_stage("unloading the previous model")
             self._release()

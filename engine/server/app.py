@@ -1,45 +1,44 @@
-"""The FastAPI application: routes (with and without `/v1`), API-key check, OpenAI-shaped errors.
+"""The FastAPI application: routes (with and without `/v1`), access checks, OpenAI-shaped errors.
 
-Requests are validated and turned into jobs on the event loop (prompt rendering in a thread), then
-handed to the single generation worker; responses are read from the job's event queue. The routes
-ask a `ModelSource` for the model on every request: `rigllm serve`'s `ModelHost` loads, replaces and
-unloads models while serving (503 while none is loaded), the desktop app's toggle serves the one
-model it has open (`FixedModel`).
+Requests are checked before any of their body is read (engine.server.http_policy: Host, Origin,
+content type, size, keys), parsed off the event loop and turned into jobs in a dedicated, bounded
+pool of preparation threads (rendering, tokenizing, decoding images), then handed to the single
+generation worker; responses are read from the job's event queue. A client that disconnects from a
+whole (non-streamed) response has its job cancelled at once. The routes ask a `ModelSource` for the
+model on every request: `rigllm serve`'s `ModelHost` loads, replaces and unloads models while
+serving (503 while none is loaded), the desktop app's toggle serves the one model it has open
+(`FixedModel`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.generation.serving.generation_job import AsyncSink, Failed, Job
+from engine.generation.serving.live_requests import LiveRequests
 from engine.generation.serving.model_service import ModelService
 from engine.generation.serving.request_error import APIError
-from engine.generation.serving.worker import GenerationWorker, QueueFull
+from engine.generation.serving.worker import GenerationWorker, Unavailable
 from engine.server.api_errors import error_response, install_error_handlers
+from engine.server.bounded_body import BoundedBodyRoute
 from engine.server.health import health_answer
+from engine.server.http_policy import HttpPolicy, guard
 from engine.server.metrics_routes import METRICS_PATH, install_metrics
+from engine.server.openapi_errors import documented_errors
 from engine.server.request_jobs import chat_job, check_model, completion_job
 from engine.server.responses import CompletionShape, collect, stream_chunks
 from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
 from engine.telemetry import TelemetrySource
-
-OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
-
-
-def _presented_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
 
 
 class ModelSource(Protocol):
@@ -73,34 +72,57 @@ class FixedModel:
         return self.current
 
 
+async def _until_disconnected(request: Request) -> None:
+    """Return when the client has gone (the body is read by then, so only the disconnect is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = (),
-               telemetry: TelemetrySource | None = None, public_metrics: bool = False) -> FastAPI:
+               policy: HttpPolicy | None = None, live: LiveRequests | None = None,
+               on_shutdown: Callable[[], None] | None = None, telemetry: TelemetrySource | None = None,
+               public_metrics: bool = False) -> FastAPI:
     """Routes serve whatever model `models` holds at the time of each request.
 
-    `cors_origins` lets browser front ends on those origins call the API; without it no CORS headers
-    are sent, so a web page the user happens to visit cannot use their local model.
-    `/metrics` (Prometheus) includes `telemetry`'s cards when given; it needs the API key like every
-    route unless `public_metrics` (a scraper without the key).
+    `policy` says who may call what (engine.server.http_policy); `api_key` and `cors_origins` are its
+    two most common fields, for callers that need no more. Without CORS origins no CORS headers are
+    sent, so a web page the user happens to visit cannot use their local model. `live` collects the
+    requests being answered (the shutdown deadline ends them); `on_shutdown` runs when the app stops,
+    before its event loop closes (`rigllm serve` stops the generation worker there). `/metrics`
+    (Prometheus) includes `telemetry`'s cards when given; it needs a key like every route unless
+    `public_metrics` (a scraper without the key).
     """
-    open_paths = OPEN_PATHS + ((METRICS_PATH,) if public_metrics else ())
-    app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models")
+    policy = policy or HttpPolicy()
+    if api_key is not None or cors_origins:
+        policy = replace(policy, api_key=api_key or policy.api_key,
+                         cors_origins=tuple(cors_origins) or policy.cors_origins)
+    if public_metrics:
+        policy = replace(policy, open_paths=policy.open_paths + (METRICS_PATH,))
+    live = live or LiveRequests()
+    pool = ThreadPoolExecutor(max_workers=policy.prepare_threads, thread_name_prefix="rigllm-prepare")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if on_shutdown is not None:
+                await asyncio.to_thread(on_shutdown)
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models", lifespan=lifespan)
+    app.router.route_class = BoundedBodyRoute
+    app.state.body_limit = policy.max_body_bytes
+    app.state.prepare_pool = pool
+    app.state.live_requests = live
     install_error_handlers(app)
 
     @app.middleware("http")
-    async def _normalise_and_authorise(request: Request, call_next: Any):
-        path = request.scope["path"]
-        while "//" in path:  # some clients join base URL and route into `//v1/...`
-            path = path.replace("//", "/")
-        request.scope["path"] = path
-        if api_key and path not in open_paths:
-            presented = _presented_key(request)
-            if presented is None or not hmac.compare_digest(presented.encode(), api_key.encode()):
-                return error_response(401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')",
-                                      code="invalid_api_key")
-        return await call_next(request)
+    async def _check_access(request: Request, call_next: Any) -> Response:
+        return await guard(policy, request, call_next)
 
-    if cors_origins:  # added after the key check, so it wraps it: preflights (no key) pass, 401s carry CORS
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+    if policy.cors_origins:  # added after the access check, so it wraps it: preflights pass, 401s carry CORS
+        app.add_middleware(CORSMiddleware, allow_origins=list(policy.cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
     metrics = install_metrics(app, models, telemetry)
 
@@ -120,34 +142,46 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         status_code, body = health_answer(models)
         return JSONResponse(body, status_code=status_code)
 
-    async def run(worker: GenerationWorker, job: Job, sink: AsyncSink, shape: CompletionShape, stream: bool,
-                  include_usage: bool):
+    async def run(request: Request, worker: GenerationWorker, job: Job, sink: AsyncSink, shape: CompletionShape,
+                  stream: bool, include_usage: bool) -> Response:
         try:
             worker.submit(job)
-        except QueueFull as err:
-            raise APIError(503, str(err), code="queue_full") from None
+        except Unavailable as err:
+            headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
+            raise APIError(503, str(err), code=err.code, headers=headers) from None
         if stream:
             return StreamingResponse(stream_chunks(job, sink, shape, include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        result = await collect(job, sink, shape)
+        answered = asyncio.ensure_future(collect(job, sink, shape))
+        gone = asyncio.ensure_future(_until_disconnected(request))
+        await asyncio.wait((answered, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not answered.done():  # the client left: stop generating for it now, not at max_tokens
+            job.cancelled.set()
+            answered.cancel()
+            return Response(status_code=499)
+        gone.cancel()
+        result = answered.result()
         if isinstance(result, Failed):
-            return error_response(500, result.message)
+            return error_response(result.status, result.message)
         return JSONResponse(result)
 
-    async def answer(req: ChatCompletionRequest | CompletionRequest, chat: bool):
+    async def answer(request: Request, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Response:
         service, worker = models.require()
-        sink = AsyncSink(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
         make_job = chat_job if chat else completion_job
-        job = await asyncio.to_thread(make_job, service, req, metrics.observe(sink))
+        job = await loop.run_in_executor(pool, make_job, service, req, metrics.observe(sink))
+        sink.bind(job)
+        live.add(sink)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await run(worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
+        return await run(request, worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)
 
-    async def chat_completions(req: ChatCompletionRequest):
-        return await answer(req, chat=True)
+    async def chat_completions(request: Request, req: ChatCompletionRequest) -> Response:
+        return await answer(request, req, chat=True)
 
-    async def completions(req: CompletionRequest):
-        return await answer(req, chat=False)
+    async def completions(request: Request, req: CompletionRequest) -> Response:
+        return await answer(request, req, chat=False)
 
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/models", list_models, methods=["GET"])
@@ -155,5 +189,6 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         app.add_api_route(f"{prefix}/chat/completions", chat_completions, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/health", health, methods=["GET"])
-    add_tokenize_routes(app, lambda: models.require()[0])
+    add_tokenize_routes(app, lambda: models.require()[0], pool)
+    documented_errors(app)
     return app

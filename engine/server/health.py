@@ -26,21 +26,6 @@ _NOT_LOADED = {
 }
 
 
-def worker_failure(worker: GenerationWorker) -> str | None:
-    """Why the worker can no longer generate, or None while it can: the one place that decides it.
-
-    [API hardening] gives `GenerationWorker` a read-only `failure` (None while its generation thread
-    lives, else the reason); until that attribute is on this branch, a generation thread that has
-    ended is the failure. At merge this becomes `return worker.failure`.
-    """
-    failure = getattr(worker, "failure", None)
-    if failure is not None:
-        return str(failure)
-    if not worker._thread.is_alive():  # replaced by `worker.failure` at merge (see above)
-        return "the generation thread has stopped; restart the server"
-    return None
-
-
 def health_answer(models: ModelSource) -> tuple[int, dict[str, Any]]:
     """The status code and body of `/health` for the model `models` holds now."""
     now = models.current
@@ -57,10 +42,10 @@ def health_answer(models: ModelSource) -> tuple[int, dict[str, Any]]:
     load = {"model": service.model_id, "label": models.label, "backend": worker.backend_name,
             "context_length": service.context_length, "slots": worker.slot_count, "active": worker.active,
             "busy": worker.busy, "queued": worker.waiting, "queue_limit": worker.queue_limit}
-    failure = worker_failure(worker)
+    failure = worker.failure
     if failure is not None:
         return 503, {"status": "worker_failed", "reason": failure, **load}
-    if worker.waiting >= worker.queue_limit:
+    if worker.full:
         return 503, {"status": "queue_full", "reason": f"{worker.waiting} requests are waiting, as many as this "
                      "server queues; new ones are refused", **load}
     return 200, {"status": "ok", **load}

@@ -6,6 +6,7 @@ no generation time and always gets a 400 (or 404) instead of failing mid-stream.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,9 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.serving.generation_job import Event, Job
 from engine.generation.serving.model_service import ModelService
 from engine.generation.serving.request_error import APIError
+from engine.generation.serving.request_limits import (LimitExceeded, check_deadline, check_prompt_length, check_stops,
+                                                      text_length)
+from engine.generation.serving.tool_schemas import check_tools, tool_names
 from engine.generation.tool_call_syntax import FUNCTION_OPEN
 from engine.server.logprob_format import requested_top_logprobs
 from engine.server.response_format import json_constraint_for
@@ -32,6 +36,10 @@ def chat_job(service: ModelService, req: ChatCompletionRequest, sink: Callable[[
     """The request as a job; `backend_takes_images`: `GenerationWorker.supports_images` (when False,
     images are refused before the tower runs; `GenerationWorker.submit` refuses them in any case)."""
     check_model(service, req.model)
+    try:
+        check_tools(req.tools)
+    except LimitExceeded as err:
+        raise APIError(400, str(err), param=err.param) from None
     constraint = json_constraint_for(req.response_format, service.tokenizer)
     if constraint is not None and req.tool_choice not in (None, "auto", "none"):
         raise APIError(400, "response_format json_object cannot be combined with a required or named "
@@ -44,8 +52,11 @@ def chat_job(service: ModelService, req: ChatCompletionRequest, sink: Callable[[
                        param="chat_template_kwargs")
     messages = [template_message(i, m) for i, m in enumerate(req.messages)]
     try:
+        check_prompt_length(text_length(messages), service.context_length, service.max_token_chars, "messages")
         prepared = service.prepare_chat(messages, tools=tools, enable_thinking=enable_thinking, reply_prefix=forced,
-                                     backend_takes_images=backend_takes_images)
+                                        backend_takes_images=backend_takes_images)
+    except LimitExceeded as err:
+        raise APIError(400, str(err), param=err.param, code="context_length_exceeded") from None
     except RigllmError as err:
         code = "context_length_exceeded" if "context holds" in str(err) else None
         raise APIError(400, str(err), param="messages", code=code) from None
@@ -65,6 +76,10 @@ def completion_job(service: ModelService, req: CompletionRequest, sink: Callable
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     if len(prompts) != 1:
         raise APIError(400, "exactly one prompt string per request is supported", param="prompt")
+    try:
+        check_prompt_length(len(prompts[0]), service.context_length, service.max_token_chars, "prompt")
+    except LimitExceeded as err:
+        raise APIError(400, str(err), param=err.param, code="context_length_exceeded") from None
     ids = service.tokenizer.encode(prompts[0], parse_special=True)
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
@@ -89,11 +104,12 @@ def _tools(req: ChatCompletionRequest) -> tuple[list[dict[str, Any]] | None, str
         raise APIError(400, "tool_choice needs tools", param="tool_choice")
     if choice == "required":
         return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}"
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise APIError(400, 'tool_choice must be "auto", "none", "required" or '
                        '{"type": "function", "function": {"name": ...}}', param="tool_choice")
-    if name not in {t.get("function", {}).get("name") for t in req.tools}:
+    if name not in tool_names(req.tools):
         raise APIError(400, f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
     return req.tools, f"{CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
 
@@ -109,12 +125,15 @@ def _job(service: ModelService, req: SamplingFields, prompt_ids: list[int], limi
     except RigllmError as err:
         raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from None
     room = service.context_length - len(prompt_ids)
-    max_tokens = min(limit, room) if limit else room
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 4:
-        raise APIError(400, "at most 4 stop sequences are allowed", param="stop")
+    max_tokens = min(limit or service.limits.default_max_tokens, room)
+    try:
+        stop = check_stops(req.stop)
+        deadline = check_deadline(req.deadline_seconds)
+    except LimitExceeded as err:
+        raise APIError(400, str(err), param=err.param) from None
     return Job(prompt_ids, params, max_tokens, thinking, tools, stop, sink, top_logprobs=top_logprobs,
-               speculative=req.speculative is not False)
+               speculative=req.speculative is not False,
+               deadline=time.monotonic() + deadline if deadline is not None else None)
 
 
 def template_message(index: int, message: ChatMessage) -> dict[str, Any]:

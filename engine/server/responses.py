@@ -40,7 +40,7 @@ async def job_results(job: Job, sink: AsyncSink) -> AsyncIterator[Piece | Finish
     """The job's events until its end; if the consumer stops early, the worker is told to stop."""
     try:
         while True:
-            item = await sink.events.get()
+            item = await sink.get()
             yield item
             if not isinstance(item, Piece):
                 return

@@ -7,7 +7,9 @@ and never refuses a prompt for being longer than the context (that number is wha
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 from fastapi import FastAPI
@@ -15,8 +17,9 @@ from pydantic import Field
 
 from engine.errors import RigllmError
 from engine.generation.thinking_switch import choose_thinking
-from engine.generation.serving.request_error import APIError
 from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.request_error import APIError
+from engine.generation.serving.request_limits import LimitExceeded, check_prompt_length, text_length
 from engine.server.request_jobs import check_model, template_message
 from engine.server.wire import ChatMessage, RequestBody
 
@@ -41,6 +44,11 @@ def tokenize(service: ModelService, req: TokenizeRequest) -> dict[str, Any]:
     check_model(service, req.model)
     if (req.content is None) == (req.messages is None):
         raise APIError(400, "give exactly one of 'content' or 'messages'", param="content")
+    chars = len(req.content) if req.content is not None else text_length([m.model_dump() for m in req.messages])
+    try:
+        check_prompt_length(chars, service.context_length, service.max_token_chars, "content")
+    except LimitExceeded as err:
+        raise APIError(400, str(err), param=err.param, code="context_length_exceeded") from None
     if req.content is not None:
         ids = service.tokenizer.encode(req.content, parse_special=True)
     else:
@@ -70,18 +78,18 @@ def detokenize(service: ModelService, req: DetokenizeRequest) -> dict[str, Any]:
     return {"content": service.tokenizer.decode(req.tokens)}
 
 
-def add_tokenize_routes(app: FastAPI, service: Callable[[], ModelService]) -> None:
+def add_tokenize_routes(app: FastAPI, service: Callable[[], ModelService], pool: Executor) -> None:
     """Both routes with and without the `/v1` prefix, like every other route; `service()` is the model
     loaded at the time of the request (it raises the 503 when there is none).
 
-    Plain functions, so FastAPI runs them in its thread pool: a long text must not stall other streams.
+    They run in `pool`, the app's request-preparation threads: a long text must not stall other streams.
     """
 
-    def tokenize_route(req: TokenizeRequest) -> dict[str, Any]:
-        return tokenize(service(), req)
+    async def tokenize_route(req: TokenizeRequest) -> dict[str, Any]:
+        return await asyncio.get_running_loop().run_in_executor(pool, tokenize, service(), req)
 
-    def detokenize_route(req: DetokenizeRequest) -> dict[str, Any]:
-        return detokenize(service(), req)
+    async def detokenize_route(req: DetokenizeRequest) -> dict[str, Any]:
+        return await asyncio.get_running_loop().run_in_executor(pool, detokenize, service(), req)
 
     for prefix in ("/v1", ""):
         app.add_api_route(f"{prefix}/tokenize", tokenize_route, methods=["POST"])

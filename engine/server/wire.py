@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+MAX_MESSAGES = 16384  # messages and content parts per request: validating each costs microseconds holding the GIL
+
 
 def unpaired_surrogate_at(data: Any) -> str | None:
     """The dotted path of a string (value or key) in parsed JSON that is not valid Unicode, or None.
@@ -39,12 +41,30 @@ def unpaired_surrogate_at(data: Any) -> str | None:
     return None
 
 
+def too_many_messages(data: Any) -> str | None:
+    """Why a body's `messages` are too many to validate (more messages or content parts than
+    MAX_MESSAGES), or None. Checked before anything else, so an 8 MB body of 500,000 tiny messages
+    costs a length check instead of seconds of validation that stall every other request."""
+    messages = data.get("messages") if isinstance(data, dict) else None
+    if not isinstance(messages, list):
+        return None
+    parts = len(messages) + sum(len(m["content"]) for m in messages
+                                if isinstance(m, dict) and isinstance(m.get("content"), list))
+    if parts > MAX_MESSAGES:
+        return f"messages: at most {MAX_MESSAGES} messages and content parts are allowed (got {parts})"
+    return None
+
+
 class RequestBody(BaseModel):
-    """A whole request body: refuses text that is not valid Unicode before any field is used."""
+    """A whole request body: refuses text that is not valid Unicode (and more messages than
+    MAX_MESSAGES) before any field is used."""
 
     @model_validator(mode="before")
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
+        too_many = too_many_messages(data)
+        if too_many is not None:
+            raise ValueError(too_many)
         where = unpaired_surrogate_at(data)
         if where is not None:
             raise ValueError(f"{where}: the text is not valid Unicode (it contains an unpaired surrogate)")
@@ -95,6 +115,7 @@ class SamplingFields(RequestBody):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     speculative: bool | None = None  # None: the server's default (on when the model has an MTP head)
+    deadline_seconds: float | None = None  # rigllm's own: stop generating this long after arrival ("length")
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -25,21 +25,31 @@ def _is_image_part(part: Any) -> bool:
     return "image" in part or "image_url" in part or part.get("type") in ("image", "image_url")
 
 
-def _decode(part: Mapping[str, Any]) -> Image.Image:
+def _decode(part: Mapping[str, Any], max_pixels: int | None) -> Image.Image:
     if isinstance(part.get("image"), Image.Image):
         return to_rgb(part["image"])
     ref = part.get("image_url")
     url = ref.get("url") if isinstance(ref, Mapping) else ref
     if not isinstance(url, str):
         raise ImageError("image_url: missing its url (send {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:...\"}})")
-    return image_from_data_url(url)
+    return image_from_data_url(url, max_pixels)
 
 
-def collect_images(messages: Sequence[Mapping[str, Any]]) -> list[Image.Image]:
-    """Every image of the conversation as upright RGB, in marker order; raises ImageError (a RigllmError)."""
-    images = []
+def _image_parts(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    parts: list[Mapping[str, Any]] = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, (list, tuple)):
-            images += [_decode(part) for part in content if _is_image_part(part)]
-    return images
+            parts += [part for part in content if _is_image_part(part)]
+    return parts
+
+
+def count_images(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How many image parts the conversation holds, from its structure alone (nothing is decoded)."""
+    return len(_image_parts(messages))
+
+
+def collect_images(messages: Sequence[Mapping[str, Any]], max_pixels: int | None = None) -> list[Image.Image]:
+    """Every image of the conversation as upright RGB, in marker order; raises ImageError (a RigllmError).
+    `max_pixels` bounds each data URL's image by its header (a PIL image given by the app is already decoded)."""
+    return [_decode(part, max_pixels) for part in _image_parts(messages)]

@@ -44,6 +44,7 @@ def data_url_bytes(url: str) -> bytes:
     return unquote_to_bytes(payload)
 
 
-def image_from_data_url(url: str) -> Image.Image:
-    """Decode an OpenAI `image_url.url` data URL to an upright RGB image (raises ImageError, a RigllmError)."""
-    return decode_image(data_url_bytes(url), LABEL)
+def image_from_data_url(url: str, max_pixels: int | None = None) -> Image.Image:
+    """Decode an OpenAI `image_url.url` data URL to an upright RGB image (raises ImageError, a RigllmError);
+    `max_pixels`: decode_image's budget, checked from the image's header."""
+    return decode_image(data_url_bytes(url), LABEL, max_pixels)

@@ -30,8 +30,11 @@ class ImageError(RigllmError):
     """An image that cannot be used: unreadable, unsupported, empty or too large."""
 
 
-def decode_image(data: bytes, label: str = "image") -> Image.Image:
-    """Decode `data` to an upright RGB image; `label` names it in error messages."""
+def decode_image(data: bytes, label: str = "image", max_pixels: int | None = None) -> Image.Image:
+    """Decode `data` to an upright RGB image; `label` names it in error messages.
+
+    `max_pixels`: refuse an image whose header states more pixels, before any pixel is decoded (a
+    small PNG can claim 13000 x 13000 and cost gigabytes once decoded)."""
     if not data:
         raise ImageError(f"{label}: empty file, not an image")
     if len(data) > MAX_BYTES:
@@ -44,6 +47,9 @@ def decode_image(data: bytes, label: str = "image") -> Image.Image:
                 raise ImageError(
                     f"{label}: {img.format or 'unknown'} images are not supported (use PNG, JPEG, WebP, GIF, BMP or TIFF)"
                 )
+            if max_pixels is not None and img.width * img.height > max_pixels:
+                raise ImageError(f"{label}: {img.width} x {img.height} is {img.width * img.height / 1e6:.1f} "
+                                 f"megapixels, more than the {max_pixels / 1e6:.1f} this server decodes")
             img.load()
             img = ImageOps.exif_transpose(img)
     except Image.DecompressionBombError:

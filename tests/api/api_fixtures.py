@@ -25,7 +25,9 @@ from engine.gguf.loader import LoadedModel
 from engine.server.admin_host import ModelHost
 from engine.server.app import create_app
 from engine.generation.serving.model_service import ModelService
+from engine.generation.serving.request_limits import RequestLimits
 from engine.generation.serving.worker import DEFAULT_SLOTS
+from engine.server.http_policy import HttpPolicy
 from engine.telemetry import TelemetrySource
 
 
@@ -34,6 +36,12 @@ class LiveServer:
     base_url: str  # ends in /v1
     model_id: str
     service: ModelService
+    host: ModelHost | None = None  # the model host the app serves from (its worker: `host.require()[1]`)
+
+    @property
+    def root(self) -> str:
+        """The server's address without `/v1`."""
+        return self.base_url.removesuffix("/v1")
 
     def client(self, api_key: str = "noop") -> openai.OpenAI:
         return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=60)
@@ -51,21 +59,24 @@ def model_backend(loaded: LoadedModel, context: int | None = None) -> Callable[[
 def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
                 api_key: str | None = None, max_queue: int = 16,
                 cors_origins: Sequence[str] = (), context_length: int | None = None,
-                slots: int = DEFAULT_SLOTS, telemetry: TelemetrySource | None = None,
+                slots: int = DEFAULT_SLOTS, policy: HttpPolicy | None = None,
+                limits: RequestLimits = RequestLimits(), telemetry: TelemetrySource | None = None,
                 public_metrics: bool = False) -> Iterator[LiveServer]:
     """`context_length` below the model's keeps fuzzed requests short (generation stops at the context).
 
-    The app serves from a `ModelHost`, as `rigllm serve` does; `open_backend` replaces its backend opener.
+    The app serves from a `ModelHost`, as `rigllm serve` does; `open_backend` replaces its backend opener;
+    `policy` and `limits` replace the HTTP policy and the request limits.
     """
     host = ModelHost(max_queue=max_queue, opener=lambda _name, _loaded, _context, _slots, _progress, _mmproj: open_backend(),
-                     slots=slots)
+                     slots=slots, limits=limits)
     host.load(loaded.path, context=context_length)
     service, _ = host.require()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(host, api_key, cors_origins=cors_origins, telemetry=telemetry,
-                                                      public_metrics=public_metrics), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(host, api_key, cors_origins=cors_origins, policy=policy,
+                                                      telemetry=telemetry, public_metrics=public_metrics),
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -74,7 +85,7 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)
     try:
-        yield LiveServer(f"http://127.0.0.1:{port}/v1", service.model_id, service)
+        yield LiveServer(f"http://127.0.0.1:{port}/v1", service.model_id, service, host)
     finally:
         server.should_exit = True
         thread.join(timeout=20)

@@ -1,4 +1,4 @@
-"""The /admin API mounted in create_app (same API key), driving a ModelHost on the demo model and the reference backend."""
+"""The /admin API mounted in create_app (its own admin key), driving a ModelHost on the demo model and the reference backend."""
 
 from __future__ import annotations
 
@@ -26,10 +26,13 @@ from engine.server.admin_footprint import footprint_from_json
 from engine.server.admin_host import DEMO_LABEL, ModelHost
 from engine.server.admin_logs import LogRing, install_log_ring, remove_log_ring
 from engine.server.app import create_app
+from engine.server.http_policy import HttpPolicy
+from engine.server.model_folders import ModelFolders
 from engine.telemetry import FakeSource, cmp_100_210
 
 KEY = "sk-admin"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+API_KEY = "sk-inference"
 
 
 def reporting_opener(gate: threading.Event):
@@ -48,15 +51,17 @@ def reporting_opener(gate: threading.Event):
 
 
 @pytest.fixture
-def rig():
-    """A host with the demo model loaded, and a TestClient on create_app + the admin router."""
+def rig(tmp_path):
+    """A host with the demo model loaded, and a TestClient on create_app + the admin router (model
+    folders: the demo model's and `tmp_path`)."""
     ring = install_log_ring(capacity=100)
     gate = threading.Event()
     gate.set()
     host = ModelHost(backend="reference", opener=reporting_opener(gate))
     host.load(ensure_demo_model(), label="demo")
-    app = create_app(host, KEY)
-    app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), ring))
+    app = create_app(host, policy=HttpPolicy(api_key=API_KEY, admin_key=KEY))
+    folders = ModelFolders([ensure_demo_model().parent, tmp_path])
+    app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), ring, folders))
     with TestClient(app) as client:
         yield SimpleNamespace(client=client, host=host, gate=gate)
     host.close()
@@ -73,11 +78,17 @@ def wait_for(client, state: str) -> dict:
     raise AssertionError(f"load state never became {state}: {status}")
 
 
-def test_admin_routes_need_the_api_key(rig):
+def test_admin_routes_need_the_admin_key_not_the_api_key(rig):
+    inference = {"Authorization": f"Bearer {API_KEY}"}
     for path in ("/admin/load", "/admin/cards", "/admin/logs", "/admin/plan"):
-        r = rig.client.get(path)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+        for headers in ({}, inference):
+            r = rig.client.get(path, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_admin_key", path
     assert rig.client.post("/admin/unload").status_code == 401
+    assert rig.client.post("/admin/unload", headers=inference).status_code == 401
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for headers in (inference, AUTH):  # the admin key also works for the OpenAI routes (one key per rig)
+        assert rig.client.post("/v1/chat/completions", json=chat, headers=headers).status_code == 200
     assert rig.host.current is not None  # the refused unload did nothing
 
 
@@ -126,7 +137,7 @@ def test_unload_frees_the_model_and_bad_loads_are_reported(rig, tmp_path):
     assert rig.host.current is None
     assert rig.client.post("/admin/unload", headers=AUTH).json()["unloaded"] is False
     missing = rig.client.post("/admin/load", json={"model": str(tmp_path / "nope.gguf")}, headers=AUTH)
-    assert missing.status_code == 400 and "no such file" in missing.json()["error"]["message"]
+    assert missing.status_code == 400 and "not a .gguf file in the server's model folders" in missing.json()["error"]["message"]
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 10)
     assert rig.client.post("/admin/load", json={"model": str(bad)}, headers=AUTH).status_code == 202

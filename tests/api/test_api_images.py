@@ -221,3 +221,66 @@ def test_images_the_backend_cannot_run_cost_no_tower_time(loaded, monkeypatch):
     with pytest.raises(APIError, match="opened without the model's vision tower") as info:
         chat_job(service, request, lambda _event: None, backend_takes_images=False)
     assert info.value.status == 400 and encoded == []
+
+
+def bomb_data_url(side: int = 13000) -> str:
+    """A PNG whose header says side x side RGB (~0.5 GB decoded) in ~0.5 MB: zero rows, compressed as
+    they are made, so the test itself never holds the pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    row = b"\0" * (1 + 3 * side)
+    idat = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def peak_rss_growth(action) -> int:
+    """Bytes the process's peak resident memory rose by while `action()` ran (the server runs in-process)."""
+    def status(field: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(field)
+
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = status("VmHWM")
+    action()
+    return status("VmHWM") - before
+
+
+MEMORY_BOUND = 100 << 20  # one decoded bomb alone would be ~507 MB
+REFUSED_WITHIN = 2.0
+
+
+def test_an_image_bomb_is_refused_from_its_header_and_costs_no_memory(server):
+    import time
+
+    bomb = image_part(bomb_data_url())
+    answers = []
+
+    def send():
+        started = time.monotonic()
+        answers.append(bad_request(server, [bomb] * 4))
+        answers.append(time.monotonic() - started)
+
+    growth = peak_rss_growth(send)
+    assert "megapixels" in answers[0] and answers[1] < REFUSED_WITHIN
+    assert growth < MEMORY_BOUND, f"peak memory grew by {growth >> 20} MiB"
+    assert "at most 8 per request" in bad_request(server, [image_part(data_url(8, 8, 9))] * 9)
+
+
+def test_a_model_without_vision_refuses_a_bomb_from_the_message_structure(tiny_vlm, tmp_path):
+    lonely = tmp_path / "model.gguf"
+    shutil.copy(tiny_vlm.text_gguf, lonely)
+    alone = load_model(lonely)
+    bomb = image_part(bomb_data_url())
+    with live_server(alone, lambda: open_backend("reference", alone)) as live:
+        answers = []
+        growth = peak_rss_growth(lambda: answers.append(bad_request(live, [bomb] * 4)))
+        assert "no mmproj" in answers[0] and growth < MEMORY_BOUND

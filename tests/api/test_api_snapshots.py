@@ -37,8 +37,8 @@ def serving(loaded: LoadedModel, root: Path, template_suffix: str = "") -> Itera
     worker = GenerationWorker(model_backend(loaded), service.tokenizer, snapshots=settings)
     worker.start()
     try:
-        with TestClient(create_app(FixedModel(service, worker))) as http:
-            yield openai.OpenAI(base_url="http://testserver/v1", api_key="noop", http_client=http, max_retries=0)
+        with TestClient(create_app(FixedModel(service, worker)), base_url="http://localhost") as http:
+            yield openai.OpenAI(base_url="http://localhost/v1", api_key="noop", http_client=http, max_retries=0)
     finally:
         worker.stop()
 
@@ -69,3 +69,30 @@ def test_another_template_does_not_restore(loaded, tmp_path):
     with serving(loaded, tmp_path, template_suffix="\n") as client:
         assert _ask(client, CHAT).usage.prompt_tokens_details.cached_tokens == 0
     assert len(list(tmp_path.glob(f"*/*{SUFFIX}"))) == 1  # the old file went; the new one was saved
+
+
+def test_a_corrupt_or_truncated_snapshot_is_discarded_with_a_warning(loaded, tmp_path, caplog):
+    """Finding 8: a file whose header is intact but whose payload is not was restored silently, and the
+    answers built on it differed from a fresh server's. Its checksum now fails: the state is dropped
+    with a WARNING and prefilled afresh, giving the fresh server's answer."""
+    with serving(loaded, tmp_path) as client:
+        first = _ask(client, CHAT)
+    (saved,) = tmp_path.glob(f"*/*{SUFFIX}")
+    data = bytearray(saved.read_bytes())
+    for i in range(len(data) - 64, len(data)):  # the end of the last array: payload, not header
+        data[i] ^= 0x5A
+    saved.write_bytes(bytes(data))
+    with caplog.at_level("WARNING", logger="engine.generation.snapshot_store"):
+        with serving(loaded, tmp_path) as client:
+            again = _ask(client, CHAT)
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert any(r.levelname == "WARNING" and "checksum" in r.getMessage() for r in caplog.records)
+
+    (saved,) = tmp_path.glob(f"*/*{SUFFIX}")  # the fresh prefill saved a good one again; now cut it short
+    saved.write_bytes(saved.read_bytes()[:-10])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.generation.snapshot_store"):
+        with serving(loaded, tmp_path) as client:
+            assert _ask(client, CHAT).usage.prompt_tokens_details.cached_tokens == 0
+    assert any(r.levelname == "WARNING" and "truncated" in r.getMessage() for r in caplog.records)

@@ -27,10 +27,12 @@ KEY = "sk-rig-e2e"
 
 @pytest.fixture
 def served_rig():
-    """`rigllm serve --no-model` on the reference backend with an API key; yields (link, process)."""
+    """`rigllm serve --no-model` on the reference backend with an API key and an admin key; yields (link,
+    process). The app connects with the admin key: it drives /admin and chats with the one key."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--no-model", "--backend", "reference",
-                             "--port", str(port), "--api-key", KEY, "--shutdown-timeout", "5"],
+                             "--port", str(port), "--api-key", "sk-rig-inference", "--admin-key", KEY,
+                             "--shutdown-timeout", "5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     try:
@@ -217,7 +219,10 @@ def gated_rig():
     from engine.server.admin import admin_router
     from engine.server.admin_host import ModelHost
     from engine.server.admin_logs import LogRing
+    from engine.fixtures.demo_model import ensure_demo_model
     from engine.server.app import create_app
+    from engine.server.http_policy import HttpPolicy
+    from engine.server.model_folders import ModelFolders
     from engine.telemetry import FakeSource, cmp_100_210
 
     gate = threading.Event()
@@ -231,8 +236,9 @@ def gated_rig():
         return open_backend("reference", loaded, context=context, slots=slots)
 
     host = ModelHost(backend="reference", opener=opener)
-    app = create_app(host, KEY)
-    app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), LogRing()))
+    app = create_app(host, policy=HttpPolicy(api_key="sk-rig-inference", admin_key=KEY))
+    app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), LogRing(),
+                                    ModelFolders([ensure_demo_model().parent])))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -219,3 +219,24 @@ def test_random_markup_never_raises_and_loses_no_text() -> None:
             whole = merged(stream([text], thinking, TOOLS))
             assert merged(stream(list(text), thinking, TOOLS)) == whole
             assert merged(stream([text[:cut], text[cut:]], thinking, TOOLS)) == whole
+
+
+@pytest.mark.parametrize("text", [
+    "Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",  # inside a committed call
+    "Sure.\n<tool_call>\n<function=get_wea",  # the head is not certain yet
+    "Sure.\n<tool_c",  # a tag cut off
+])
+def test_a_reply_cut_by_its_budget_drops_the_call_it_was_writing(text):
+    """finish(truncated=True): no half-built call is completed, and none of its markup becomes content."""
+    parser = OutputParser(thinking=False, tools=TOOLS, stream_calls=True)
+    events = parser.feed(text) + parser.finish(truncated=True)
+    assert not any(isinstance(e, ToolCall) for e in events)
+    assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == "Sure."
+    assert parser.cut_call == ("<function=" in text) and parser.finish_reason is None
+
+
+def test_a_reply_cut_after_a_whole_call_keeps_it():
+    parser = OutputParser(thinking=False, tools=TOOLS)
+    text = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>\nMore"
+    events = parser.feed(text) + parser.finish(truncated=True)
+    assert [e.name for e in events if isinstance(e, ToolCall)] == ["get_time"] and not parser.cut_call

@@ -10,7 +10,9 @@ server's sink hops to its event loop and the desktop app's emits a Qt signal.
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +65,7 @@ class Finished:
 @dataclass(frozen=True)
 class Failed:
     message: str
+    status: int = 500  # the HTTP status a non-streamed reply gets (503: overload or shutdown, not a bug)
 
 
 Event = Piece | Finished | Failed
@@ -94,21 +97,68 @@ class Job:
     constraint: JsonConstraint | None = None  # JSON mode's automaton; the job's tokens are then picked on the host
     multimodal: MultimodalPrompt | None = None
     speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
+    deadline: float | None = None  # time.monotonic() past which the reply ends with "length" (API: "deadline_seconds")
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def post(self, item: Event) -> None:
         self.sink(item)
 
 
-class AsyncSink:
-    """A sink for a requester on an asyncio loop: events are queued on that loop, thread-safely."""
+DEFAULT_MAX_EVENTS = 4096  # events one request may have waiting unread before it is dropped
+DEFAULT_STALL_SECONDS = 30.0  # how long its oldest unread event may wait
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+
+class AsyncSink:
+    """A sink for a requester on an asyncio loop: events are queued on that loop, thread-safely.
+
+    The queue is bounded: a reader that stops reading (a stalled stream) while its job keeps
+    generating is dropped once `max_events` wait or the oldest has waited `stall_seconds`: the job
+    is cancelled (its slot frees at the scheduler's next turn) and the reader, should it resume,
+    gets a `Failed` as its last event. `abort` ends a request the same way from any thread (the
+    server's shutdown deadline).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_events: int = DEFAULT_MAX_EVENTS,
+                 stall_seconds: float = DEFAULT_STALL_SECONDS):
         self.loop = loop
         self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self._max_events = max_events
+        self._stall_seconds = stall_seconds
+        self._put_times: collections.deque[float] = collections.deque()
+        self._cancelled = threading.Event()  # replaced by the job's own (`bind`)
+        self.ended = False  # a terminal event was queued: later ones are dropped
+
+    def bind(self, job: Job) -> None:
+        """Cancel `job` when this sink drops its reader."""
+        self._cancelled = job.cancelled
 
     def __call__(self, item: Event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self._put, item)
+        except RuntimeError:  # the loop has closed (the server stopped): nobody is left to read it
+            pass
+
+    def abort(self, message: str, status: int = 503) -> None:
+        """End the request now with `message` (thread-safe); its job is cancelled."""
+        self._cancelled.set()
+        self(Failed(message, status))
+
+    async def get(self) -> Event:
+        item = await self.events.get()
+        if self._put_times:
+            self._put_times.popleft()
+        return item
+
+    def _put(self, item: Event) -> None:
+        if self.ended:
+            return
+        now = time.monotonic()
+        if len(self._put_times) >= self._max_events or (self._put_times and now - self._put_times[0] > self._stall_seconds):
+            self._cancelled.set()
+            item = Failed("the client stopped reading the response, so the request was dropped", 503)
+        self.ended = not isinstance(item, Piece)
+        self.events.put_nowait(item)
+        self._put_times.append(now)
 
 
 class JobOutput:
@@ -179,8 +229,12 @@ class JobOutput:
         tail = self._stops.feed(self._detok.flush())
         tail += self._stops.flush()
         self._passed += len(tail)
-        self._emit(self._parser.feed(tail) + self._parser.finish(), self._release(final=True))
-        reason = self._parser.finish_reason or ("stop" if self._stops.hit else stop_reason)
+        truncated = stop_reason == "length"
+        self._emit(self._parser.feed(tail) + self._parser.finish(truncated), self._release(final=True))
+        if self._parser.cut_call:  # the budget ended inside a call: it was dropped, so the reply is "length"
+            reason = stop_reason
+        else:
+            reason = self._parser.finish_reason or ("stop" if self._stops.hit else stop_reason)
         images = self.job.multimodal
         done = Finished(reason, prompt_tokens, self.generated, self.reasoning_tokens, cached_tokens,
                         prefill_seconds, decode_seconds, len(images.embedding_rows) if images is not None else 0,

@@ -7,6 +7,7 @@ from it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from engine.generation.chat_template import ChatTemplate
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.loader import LoadedModel
 from engine.generation.serving.multimodal_chat import PreparedChat, Vision, open_vision, with_images
+from engine.generation.serving.request_limits import RequestLimits
 
 
 @dataclass
@@ -28,6 +30,12 @@ class ModelService:
     context_length: int
     created: int = field(default_factory=lambda: int(time.time()))
     vision: Vision = field(default_factory=lambda: Vision(None))
+    limits: RequestLimits = field(default_factory=RequestLimits)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Characters the longest token of the vocabulary decodes to (bytes, which bound characters)."""
+        return max((len(self.tokenizer.token_bytes(i)) for i in range(self.tokenizer.vocab_size)), default=1)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, mmproj: str | Path | None = None) -> ModelService:
@@ -49,7 +57,8 @@ class ModelService:
         """
         chat = build_chat_prompt(self.template, self.tokenizer, messages, tools=tools, enable_thinking=enable_thinking,
                                  context_length=self.context_length, reply_prefix=reply_prefix)
-        return with_images(chat, messages, self.vision, self.tokenizer, self.context_length, backend_takes_images)
+        return with_images(chat, messages, self.vision, self.tokenizer, self.context_length, backend_takes_images,
+                           self.limits)
 
     def turn_start(self, prompt_ids: list[int]) -> int:
         """Tokens before the prompt's generation header (its last `<|im_start|>`): a turn boundary that

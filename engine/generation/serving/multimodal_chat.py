@@ -24,10 +24,10 @@ from engine.errors import RigllmError
 from engine.generation.chat_prompt import ChatPrompt
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.loader import LoadedModel
+from engine.generation.serving.request_limits import RequestLimits
+from engine.vision.chat_images import collect_images, count_images
 from engine.vision.mmproj_pairing import find_mmproj
-from engine.vision.chat_images import collect_images
 from engine.vision.encoder import ImageEncoder
-from engine.vision.image_io import ImageError
 from engine.vision.multimodal_prompt import IMAGE_PAD, MultimodalPrompt, expand_image_pads
 from engine.vision.preprocess import PreparedImage
 
@@ -109,24 +109,26 @@ class PreparedChat:
 
 
 def with_images(chat: ChatPrompt, messages: Sequence[Mapping[str, Any]], vision: Vision, tokenizer: Tokenizer,
-                context_length: int, backend_takes_images: bool = True) -> PreparedChat:
+                context_length: int, backend_takes_images: bool = True,
+                limits: RequestLimits = RequestLimits()) -> PreparedChat:
     """Splice the images of `messages` (rendered as `chat`) into its prompt; a chat without images passes through.
 
-    The context check counts each image's tokens from its size before the tower runs, so an image that
-    cannot fit costs no tower time; nor does one the backend could not run (`backend_takes_images`).
+    Images are refused from the messages' structure alone, before any is decoded, when the model or
+    the backend takes none or there are more than `limits.max_images`; each is refused from its header
+    when it has more than `limits.max_image_pixels`. The context check counts each image's tokens from
+    its size before the tower runs, so an image that cannot fit costs no tower time.
     """
-    try:
-        images = collect_images(messages)
-    except ImageError:
-        if vision.encoder is None:  # a model that takes no images says so before judging the image
-            raise RigllmError(vision.unavailable) from None
-        raise
-    if not images:
+    count = count_images(messages)
+    if not count:
         return PreparedChat(chat)
     if vision.encoder is None:
         raise RigllmError(vision.unavailable)
     if not backend_takes_images:
         raise RigllmError(IMAGES_UNSUPPORTED)
+    if count > limits.max_images:
+        raise RigllmError(f"the conversation holds {count} images; this server takes at most {limits.max_images} "
+                          "per request")
+    images = collect_images(messages, limits.max_image_pixels)
     encoder = vision.encoder
     total = len(chat.token_ids) - len(images) + sum(encoder.token_count(im) for im in images)
     if total >= context_length:

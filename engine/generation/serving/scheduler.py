@@ -9,6 +9,10 @@ by its whole prefill, and a request that arrives mid-generation joins the runnin
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
 nothing leaks between requests; a cancelled job leaves its slot at the next turn.
 
+A request can fail only itself: every per-request step (admission, prefill, a token through its text
+pipeline, its sink) runs under a guard that ends that job with a `Failed` and frees its slot, and
+every job that leaves, however it ends, is reported through `on_leave` (the worker's admission count).
+
 Between turns it also runs the calls other threads need on the backend's own thread (`tasks`: the
 CUDA backend's vision tower encoding a request's images).
 
@@ -24,7 +28,7 @@ import itertools
 import logging
 import queue
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -61,8 +65,10 @@ class _Slot:
 class Scheduler:
     """Owns the slots of one backend; `run` is the worker thread's whole life after loading."""
 
-    def __init__(self, slots: SlotBackend, tokenizer: Tokenizer, cache: PrefixCache | None = None):
+    def __init__(self, slots: SlotBackend, tokenizer: Tokenizer, cache: PrefixCache | None = None,
+                 on_leave: Callable[[Job], None] = lambda job: None):
         self.backend = slots
+        self._on_leave = on_leave
         self.stop_ids: Collection[int] = tokenizer.eos_ids
         self._tokenizer = tokenizer
         self.cache = cache if slots.can_snapshot else None
@@ -84,7 +90,7 @@ class Scheduler:
                 closing = self._admit(jobs, closing)
                 self.tasks.run_pending()
                 if closing and not self.active:
-                    _refuse_waiting(jobs)
+                    self._refuse_waiting(jobs)
                     return
                 self._drop_cancelled()
                 self._prefill_one()
@@ -102,14 +108,30 @@ class Scheduler:
                 return True
             if isinstance(job, Wake):  # owner tasks are waiting: run them before blocking again
                 break
-            if not job.cancelled.is_set():
+            if job.cancelled.is_set():
+                self._on_leave(job)
+                continue
+            try:
                 self._start(job)
+            except Exception as err:  # the job fails; the loop goes on
+                log.exception("could not start a request")
+                self._abandon(job, err)
         return closing
+
+    def _abandon(self, job: Job, err: Exception) -> None:
+        """End a job that holds no slot (or whose slot was already freed) with a failure."""
+        for slot in self.slots:
+            if slot.job is job:
+                slot.job = slot.output = None
+                slot.next_token, slot.pending, slot.snapshot_at, slot.tokens = None, [], 0, []
+        _post(job, Failed(f"generation failed: {type(err).__name__}: {err}"))
+        self._on_leave(job)
 
     # ---- admission -------------------------------------------------------------------------------
     def _start(self, job: Job) -> None:
         if job.multimodal is not None and not self.supports_images:  # the worker refuses these before queueing
-            job.post(Failed(IMAGES_UNSUPPORTED))
+            _post(job, Failed(IMAGES_UNSUPPORTED))
+            self._on_leave(job)
             return
         prompt = job.prompt_ids
         cache = self.cache if job.multimodal is None else None
@@ -132,9 +154,11 @@ class Scheduler:
                 slot.tokens = list(prompt[:reuse])
         except Exception as err:  # a failed restore must not take the worker down
             log.exception("could not prepare a slot")
-            job.post(Failed(f"generation failed: {type(err).__name__}: {err}"))
+            _post(job, Failed(f"generation failed: {type(err).__name__}: {err}"))
+            self._on_leave(job)
             return
-        slot.job, slot.output = job, JobOutput(job, self._tokenizer)
+        output = JobOutput(job, self._tokenizer)
+        slot.job, slot.output = job, output
         slot.pending = list(prompt[reuse:])
         slot.cached = reuse
         slot.next_token = None
@@ -193,7 +217,10 @@ class Scheduler:
             return
         for s in decoding:
             s.tokens.append(feeds[s.index])  # type: ignore[arg-type]
-            self._take_run(s, picks[s.index])
+            try:
+                self._take_run(s, picks[s.index])
+            except Exception as err:  # this request's text pipeline or sink failed: it alone ends
+                self._fail(s, err)
 
     def _take_run(self, slot: _Slot, pick: Pick) -> None:
         """A step's tokens in order (several with speculative decoding), each through every stop rule.
@@ -219,7 +246,7 @@ class Scheduler:
         slot.next_token = None
         if pick.token < 0:
             self._release(slot)
-            job.post(Failed("the model produced NaN or infinite logits"))
+            _post(job, Failed("the model produced NaN or infinite logits"))
             return
         token = _choose(out, pick)
         if token in self.stop_ids:
@@ -227,7 +254,7 @@ class Scheduler:
             return
         if out.add(token, _logprob(job, pick, token)) or job.cancelled.is_set() or out.complete:
             self._finish(slot, "stop")
-        elif out.generated >= job.max_tokens:
+        elif out.generated >= job.max_tokens or (job.deadline is not None and time.monotonic() >= job.deadline):
             self._finish(slot, "length")
         else:
             slot.next_token = token
@@ -238,44 +265,75 @@ class Scheduler:
         job, out = slot.job, slot.output
         assert job is not None and out is not None
         now = time.perf_counter()
-        out.finish(reason, len(job.prompt_ids), slot.cached, slot.first_token - slot.started, now - slot.first_token)
+        try:
+            out.finish(reason, len(job.prompt_ids), slot.cached, slot.first_token - slot.started, now - slot.first_token)
+        except Exception as err:  # its parser or sink failed: the job ends with that failure instead
+            self._fail(slot, err)
+            return
         self._release(slot)
 
     def _fail(self, slot: _Slot, err: Exception) -> None:
         log.exception("generation failed", exc_info=err)
         job = slot.job
-        self._release(slot, keep_state=False)
+        try:
+            self._release(slot, keep_state=False)
+        except Exception:  # the slot could not even be reset: forget its state and go on
+            log.exception("could not reset slot %d", slot.index)
+            slot.tokens = []
         if job is not None:
-            job.post(Failed(f"generation failed: {type(err).__name__}: {err}"))
+            _post(job, Failed(f"generation failed: {type(err).__name__}: {err}"))
 
     def _drop_cancelled(self) -> None:
         for slot in self.slots:
             if slot.job is not None and slot.job.cancelled.is_set():
-                self._release(slot)
+                try:
+                    self._release(slot)
+                except Exception as err:
+                    self._fail(slot, err)
 
     def _release(self, slot: _Slot, keep_state: bool = True) -> None:
         """Free the slot; its state stays for a follow-up unless it may be inconsistent or saw images
         (their pads' token ids do not say which image they were, so no follow-up may match them)."""
-        saw_images = slot.job is not None and slot.job.multimodal is not None
+        job = slot.job
+        saw_images = job is not None and job.multimodal is not None
         slot.job = slot.output = None
         slot.next_token = None
         slot.pending = []
         slot.snapshot_at = 0
         if saw_images or not keep_state:
             slot.tokens = []
+        if job is not None:
+            self._on_leave(job)
         if not keep_state:
             self.backend.reset_slot(slot.index)
 
+    def _refuse_waiting(self, jobs: "queue.Queue[Job | Wake | None]") -> None:
+        """Answer the jobs still queued when the worker stops, so no requester waits forever."""
+        while True:
+            try:
+                job = jobs.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(job, Job):
+                _post(job, Failed("the model was unloaded before this request started", status=503))
+                self._on_leave(job)
 
-def _refuse_waiting(jobs: "queue.Queue[Job | Wake | None]") -> None:
-    """Answer the jobs still queued when the worker stops, so no requester waits forever."""
-    while True:
-        try:
-            job = jobs.get_nowait()
-        except queue.Empty:
-            return
-        if isinstance(job, Job):
-            job.post(Failed("the model was unloaded before this request started"))
+    def fail_all(self, jobs: "queue.Queue[Job | Wake | None]", reason: str) -> None:
+        """The loop itself died: answer every job it holds or that waits, so none waits forever."""
+        for slot in self.slots:
+            if slot.job is not None:
+                job, slot.job, slot.output, slot.next_token = slot.job, None, None, None
+                _post(job, Failed(reason, status=503))
+                self._on_leave(job)
+        self._refuse_waiting(jobs)
+
+
+def _post(job: Job, event: Failed) -> None:
+    """Tell a job it failed; a sink that raises is logged, never allowed to stop the loop."""
+    try:
+        job.post(event)
+    except Exception:
+        log.exception("could not deliver a request's failure")
 
 
 def _needs_logits(job: Job) -> bool:

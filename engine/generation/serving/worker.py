@@ -1,9 +1,10 @@
 """The one thread that owns the backend: it opens it, runs the scheduler over its slots, and closes it.
 
 Backends are single-owner (contracts.md, "Threads and ownership"), so requests never touch the
-backend themselves; they put a `Job` on a bounded queue and read its events through the job's sink.
-Jobs wait in the queue until a slot frees; a full queue is refused at once (503) rather than letting
-requests pile up. Work that must run on this thread but is not a job (a GPU backend's vision tower
+backend themselves; they put a `Job` on a queue and read its events through the job's sink.
+Admission is counted: exactly slots + `max_queue` jobs may be held at once (running or waiting),
+and one more is refused at once (503) rather than letting requests pile up. If the generation thread
+ever dies, `failure` says why and every later job is refused at once instead of waiting forever. Work that must run on this thread but is not a job (a GPU backend's vision tower
 encoding a request's images) goes through `call_on_owner`.
 """
 
@@ -53,8 +54,25 @@ def _plain_thread(target: Callable[[], None], name: str) -> OwnerThread:
     return threading.Thread(target=target, name=name, daemon=True)
 
 
-class QueueFull(Exception):
-    """More requests are waiting than the queue holds."""
+class Unavailable(RigllmError):
+    """The worker takes no job now (a 503 in the API, a message in the app): `code` says why, `retry_after`
+    when to ask again (seconds)."""
+
+    code = "unavailable"
+    retry_after = 1
+
+
+class QueueFull(Unavailable):
+    """Every slot is busy and as many requests wait as the queue holds."""
+
+    code = "queue_full"
+
+
+class WorkerFailed(Unavailable):
+    """The generation thread is not serving (it died, or the model is being unloaded)."""
+
+    code = "worker_failed"
+    retry_after = 5
 
 
 class ImagesUnsupported(APIError, RigllmError):
@@ -77,11 +95,14 @@ class GenerationWorker:
         self._slots = slots
         self._prefix_cache_bytes = prefix_cache_bytes
         self._snapshots = snapshots
-        self._jobs: queue.Queue[Job | Wake | None] = queue.Queue(maxsize=max_queue)
+        self._jobs: queue.Queue[Job | Wake | None] = queue.Queue()  # bounded by the admission count
+        self._max_queue = max_queue
+        self._held = 0  # jobs admitted and not yet left the scheduler
+        self._held_lock = threading.Lock()
         self._ready = threading.Event()
         self._startup_error: BaseException | None = None
+        self._failure: str | None = None
         self._scheduler: Scheduler | None = None
-        self._stopping = False
         self.backend_name = ""
         self._thread = (thread_factory or _plain_thread)(self._run, "rigllm-generation")
 
@@ -94,12 +115,34 @@ class GenerationWorker:
 
     @property
     def waiting(self) -> int:
-        return self._jobs.qsize()
+        """Admitted requests that hold no slot yet."""
+        return max(self._held - self.active, 0)
+
+    @property
+    def failure(self) -> str | None:
+        """None while the generation thread is alive and serving; else why it is not."""
+        if self._failure is not None:
+            return self._failure
+        if not self._ready.is_set():
+            return "the model is still being opened"
+        if not self._thread.is_alive():
+            return "the generation thread is not running"
+        return None
+
+    @property
+    def capacity(self) -> int:
+        """Requests admitted at once: one per slot plus the queue."""
+        return self.slot_count + self._max_queue
 
     @property
     def queue_limit(self) -> int:
-        """How many requests may wait; `submit` refuses more (a router sees it in /health)."""
-        return self._jobs.maxsize
+        """How many requests may wait for a slot (a router sees it in /health)."""
+        return self._max_queue
+
+    @property
+    def full(self) -> bool:
+        """True while `submit` would refuse a job with QueueFull: every slot and queue place is held."""
+        return self._held >= self.capacity
 
     @property
     def scheduler(self) -> Scheduler | None:
@@ -140,10 +183,7 @@ class GenerationWorker:
         if self._scheduler is None:
             raise RigllmError("the model is not loaded yet")
         future = self._scheduler.tasks.submit(lambda: fn(*args))
-        try:
-            self._jobs.put_nowait(WAKE)  # rouse a scheduler that waits for jobs
-        except queue.Full:
-            pass  # a full queue keeps the scheduler turning, and it runs the tasks every turn
+        self._jobs.put(WAKE)  # rouse a scheduler that waits for jobs (the queue is unbounded)
         return future.result()
 
     def submit(self, job: Job) -> None:
@@ -151,16 +191,25 @@ class GenerationWorker:
         if job.multimodal is not None and not self.supports_images:
             raise ImagesUnsupported(400, f"{IMAGES_UNSUPPORTED} (this server runs the {self.backend_name} backend)",
                                     param="messages", code="images_unsupported")
-        if self._stopping:
-            raise QueueFull("the model is being unloaded; try again shortly")
-        try:
-            self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self._jobs.maxsize} requests are already waiting; try again shortly") from None
+        failure = self.failure
+        if failure is not None:
+            raise WorkerFailed(f"the server cannot generate now: {failure}")
+        with self._held_lock:
+            if self._held >= self.capacity:
+                raise QueueFull(f"all {self.slot_count} slots are busy and {self._max_queue} requests are already "
+                                "waiting; try again shortly")
+            self._held += 1
+        self._jobs.put(job)
+
+    def _left(self, _job: Job) -> None:
+        """The scheduler let go of a job (finished, failed, cancelled or refused): its admission frees."""
+        with self._held_lock:
+            self._held -= 1
 
     def stop(self) -> None:
         """Finish the running jobs, answer the queued ones with an error, drop the backend, end the thread."""
-        self._stopping = True
+        if self._failure is None:
+            self._failure = "the model is being unloaded"
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
@@ -175,10 +224,14 @@ class GenerationWorker:
             return
         self.backend_name = backend.name
         cache = self._make_cache(opened)
-        self._scheduler = Scheduler(backend, self._tokenizer, cache)
+        self._scheduler = Scheduler(backend, self._tokenizer, cache, on_leave=self._left)
         self._ready.set()
         try:
             self._scheduler.run(self._jobs)
+        except BaseException as err:  # the loop's guards failed: say so, and answer every job it held
+            self._failure = f"the generation thread died: {type(err).__name__}: {err}"
+            log.critical("%s", self._failure, exc_info=err)
+            self._scheduler.fail_all(self._jobs, self._failure)
         finally:
             if isinstance(cache, TieredPrefixCache):
                 cache.close()

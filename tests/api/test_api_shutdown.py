@@ -1,0 +1,70 @@
+"""SIGTERM mid-stream on a real `rigllm serve` (issue 24, finding 5): the stream still running at the
+shutdown deadline ends with an error event and `[DONE]`, abandoned whole responses cost no wait, and
+the process exits cleanly (the worker stops while the event loop still runs)."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+SHUTDOWN_TIMEOUT = 0.5  # the greedy reply below runs 167 tokens (~2 s on a CPU): it is still running then
+EXIT_WITHIN = SHUTDOWN_TIMEOUT + 8  # the deadline, then the worker's stop and the interpreter's exit
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--backend", "reference", "--port", str(port),
+                             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--context", "4096"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                if httpx.get(f"{root}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "rigllm serve did not start"
+            time.sleep(0.1)
+        yield root, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_sigterm_mid_stream_ends_it_with_an_error_and_done(served):
+    root, proc = served
+    long_reply = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4000, "temperature": 0,
+                  "chat_template_kwargs": {"enable_thinking": False}}
+    for _ in range(2):  # whole responses whose clients give up: cancelled on disconnect, not waited for
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{root}/v1/chat/completions", json=long_reply, timeout=0.3)
+    with httpx.stream("POST", f"{root}/v1/chat/completions", json={**long_reply, "stream": True}, timeout=30) as s:
+        lines = s.iter_lines()
+        received = [next(lines) for _ in range(6)]
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        received += list(lines)  # a cut connection would raise here (incomplete chunked read)
+    data = [line for line in received if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]" and '"error"' in data[-2] and "shutting down" in data[-2]
+    assert time.monotonic() - signalled < SHUTDOWN_TIMEOUT + 4
+    _out, err = proc.communicate(timeout=EXIT_WITHIN)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - signalled < EXIT_WITHIN
+    assert "Event loop is closed" not in err and "Traceback" not in err, err
+    assert "[rigllm] stopped" in err
+

@@ -83,6 +83,7 @@ class RemoteChatEngine(QObject):
     piece = Signal(int, object)  # job id, list[ParseEvent]
     finished = Signal(int, object)  # job id, Finished
     failed = Signal(int, str)  # job id, message
+    progress = Signal(int, object)  # the local engine's prompt progress; a rig's stream has none before its first token
 
     def __init__(self, link: RigLink, model_id: str, info: ModelInfo):
         super().__init__()

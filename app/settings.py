@@ -37,6 +37,7 @@ class AppSettings:
     max_tokens: int = 1024
     thinking: bool = True
     speculative: bool = True  # speculative decoding with the model's MTP head, when it has one
+    raw_prompt: bool = False  # no chat template: the conversation's text as written (base models, trained fixtures)
     system_preset: str = "Helpful assistant"
     presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
     theme: str = "system"

@@ -46,7 +46,7 @@ class ConversationList(QWidget):
         self.list.blockSignals(True)
         self.list.clear()
         for conv in self.store.conversations(self.search.text()):
-            item = QListWidgetItem(conv.title)
+            item = QListWidgetItem(" ".join(conv.title.split()))  # one row, also for titles stored with newlines
             item.setData(Qt.UserRole, conv.id)
             self.list.addItem(item)
             if conv.id == keep:
@@ -64,7 +64,7 @@ class ConversationList(QWidget):
             return
         title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.list.currentItem().text())
         if ok and title.strip():
-            self.store.rename(cid, title.strip())
+            self.store.rename(cid, " ".join(title.split()))
             self.refresh()
 
     def delete_current(self) -> None:

@@ -34,6 +34,7 @@ from app.budget import CONTEXT_STEP, Budget, Fix, budget, max_context, profile_o
 from app.model_loader import LoadRequest, ModelLoader
 from app.remote_loader import RemoteModelLoader
 from app.rig_client import RigLink
+from app.theme import set_style, span
 from app.ui.budget_bars import BudgetBars, legend
 
 DEFAULT_CONTEXT = 32768
@@ -201,7 +202,7 @@ class LoadSheet(QDialog):
             kv_row.addWidget(QLabel(label))
             kv_row.addWidget(box)
         self.kv_hint = QLabel()
-        self.kv_hint.setStyleSheet("color: gray")
+        set_style(self.kv_hint, "muted")
         kv_row.addWidget(self.kv_hint, 1)
         form.addLayout(kv_row)
         form.addWidget(QLabel("Layers per card:"))
@@ -224,7 +225,7 @@ class LoadSheet(QDialog):
         budget_box.addLayout(self.fix_row)
         self.notes = QLabel()
         self.notes.setWordWrap(True)
-        self.notes.setStyleSheet("color: gray")
+        set_style(self.notes, "muted")
         budget_box.addWidget(self.notes)
         budget_box.addStretch(1)
         columns.addWidget(right, 4)
@@ -301,7 +302,7 @@ class LoadSheet(QDialog):
 
     def _inspect_failed(self, message: str) -> None:
         self.inspected = None
-        self.model_label.setText(f"<span style='color:#b00020'>{message}</span>")
+        self.model_label.setText(span(message, "error"))
         self.load_button.setEnabled(False)
         self.anyway_button.setEnabled(False)
 
@@ -352,8 +353,7 @@ class LoadSheet(QDialog):
         self.current = result
         self.kv_hint.setText(kv_format(self.kv_name).description)
         self.bars.show_cards(result.cards)
-        colour = "#1b5e20" if result.fits else "#b00020"
-        self.verdict.setText(f"<span style='color:{colour}'><b>{result.summary}</b></span>")
+        self.verdict.setText(span(result.summary, "ok" if result.fits else "error", bold=True))
         while self.fix_row.count():
             self.fix_row.takeAt(0).widget().deleteLater()
         for fix in result.fixes:

@@ -16,7 +16,6 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QPushButton,
                                QSplitter, QTabWidget)
 
-from engine.server.generation_job import Finished
 from engine.telemetry import RigSnapshot, TelemetrySource
 
 from app import chat_export, settings as settings_io
@@ -29,7 +28,7 @@ from app.remote_loader import RemoteModelLoader
 from app.remote_telemetry import RemoteTelemetry
 from app.rig_client import RigLink
 from app.settings import AppSettings
-from app.theme import apply_theme
+from app.theme import apply_theme, span
 from app.ui.api_panel import ApiPanel
 from app.ui.chat_pane import ChatPane
 from app.ui.connect_dialog import ConnectDialog
@@ -79,6 +78,8 @@ class MainWindow(QMainWindow):
         self.chat.conversations_changed.connect(lambda: self.conversations.refresh(self.chat.conversation_id))
         self.chat.notice.connect(self.notify)
         self.chat.answer_speed.connect(self.rig.set_speed)
+        self.chat.context_changed.connect(self._context_changed)
+        self.chat.raw_prompt_toggled.connect(self._raw_prompt_toggled)
         self.rig.alert.connect(self.notify)
         self.api.notice.connect(self.notify)
 
@@ -91,7 +92,7 @@ class MainWindow(QMainWindow):
         self._undo: tuple[int, str] | None = None
         self._undo_timer = QTimer(self, singleShot=True, interval=UNDO_SECONDS * 1000)
         self._undo_timer.timeout.connect(lambda: self.undo_button.setVisible(False))
-        self._context_used = 0
+        self._context_used = -1  # the chat pane's count (its meter shows the same)
         self._start_pending = False
         self._build_menus()
 
@@ -159,10 +160,7 @@ class MainWindow(QMainWindow):
         self.chat.set_engine(engine)
         if old is not None:
             old.close()
-        if engine is not None:
-            engine.finished.connect(self._answer_finished)
         self.rig.set_model(engine.info.cards if engine else ())
-        self._context_used = 0
         self.update_status()
         if engine is not None:
             self.notify(f"{engine.info.name} ready on the {engine.info.backend} backend")
@@ -235,9 +233,14 @@ class MainWindow(QMainWindow):
     def _load_failed(self, message: str) -> None:
         self.notify(f"loading failed: {message}")
 
-    def _answer_finished(self, _job_id: int, result: Finished) -> None:
-        self._context_used = result.prompt_tokens + result.completion_tokens
+    def _context_changed(self, used: int, _total: int) -> None:
+        self._context_used = used
         self.update_status()
+
+    def _raw_prompt_toggled(self, on: bool) -> None:
+        self.apply_settings(replace(self.settings, raw_prompt=on))
+        self.chat.composer.keep_whitespace = on
+        self.chat.update_context_meter()
 
     def update_status(self) -> None:
         e = self.engine
@@ -247,9 +250,10 @@ class MainWindow(QMainWindow):
             return
         i = e.info
         cards = f"cards {', '.join(map(str, i.cards))}" if i.cards else "CPU"
-        text = (f"{i.name} · {i.backend} · {cards} · ctx {self._context_used}/{i.context} · KV {i.kv_format}")
+        used = "?" if self._context_used < 0 else self._context_used
+        text = f"{i.name} · {i.backend} · {cards} · ctx {used}/{i.context} · KV {i.kv_format}"
         if i.label:
-            text = f"<span style='color:#c77c00'>{text} · {i.label}</span>"
+            text = span(f"{text} · {i.label}", "warning")
         self.status_line.setText(text)
 
     def _snapshot(self, snap: RigSnapshot) -> None:

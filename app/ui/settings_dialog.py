@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 from engine.errors import RigllmError
 
 from app.settings import THEMES, AppSettings
+from app.theme import set_style
 
 
 def _double(low: float, high: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
@@ -58,7 +59,7 @@ class SettingsDialog(QDialog):
                               ("Theme", self.theme), ("API server port", self.api_port)):
             form.addRow(label, widget)
         self.error = QLabel()
-        self.error.setStyleSheet("color: #b00020")
+        set_style(self.error, "error")
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)

@@ -65,6 +65,19 @@ class Failed:
     message: str
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a job stands, for a requester that shows it (the desktop app's "processing prompt N / M"):
+    prompt tokens done (kept-state tokens included) of the prompt's total, tokens generated so far, and
+    the seconds since the job took its slot. Reported after each prefill chunk and each generated token."""
+
+    prompt_done: int
+    prompt_tokens: int
+    cached_tokens: int
+    generated: int
+    seconds: float
+
+
 Event = Piece | Finished | Failed
 
 
@@ -95,6 +108,7 @@ class Job:
     multimodal: MultimodalPrompt | None = None
     speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
     cancelled: threading.Event = field(default_factory=threading.Event)
+    on_progress: Callable[[Progress], None] | None = None  # called on the scheduler's thread; must not block
 
     def post(self, item: Event) -> None:
         self.sink(item)

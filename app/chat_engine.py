@@ -42,6 +42,7 @@ class ModelInfo:
     mtp: bool = False  # speculates with the model's MTP head (it has one, and the backend runs it: one card or the CPU)
     chat_template: bool = True  # the file carries its own chat template (without one, raw prompts are the default)
     path: str = ""  # the GGUF the model was loaded from ("" for the generated demo model or a rig's)
+    split: tuple[int, ...] | None = None  # layers per card as asked for (None: the memory plan's)
 
     @property
     def no_images_reason(self) -> str:

@@ -119,5 +119,5 @@ class ModelLoader(QObject):
                          vision=service.vision.encoder is not None and worker.supports_images,
                          mtp=loaded.config.n_mtp > 0 and len(on_cards) <= 1,  # the CUDA backend drafts on one card
                          chat_template=service.template.origin == "model's",
-                         path="" if request.path is None else str(request.path))
+                         path="" if request.path is None else str(request.path), split=request.split)
         return ChatEngine(loaded, service, worker, info)

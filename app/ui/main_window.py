@@ -22,6 +22,7 @@ from app import chat_export, settings as settings_io
 from app.chat_engine import ChatEngine
 from app.chat_store import ChatStore
 from app.model_loader import LoadRequest, ModelLoader
+from app.model_profiles import DEMO, ModelProfile, ModelProfiles, chat_part
 from app.monitor_service import POLL_MS, MonitorService
 from app.remote_engine import RemoteChatEngine
 from app.remote_loader import RemoteModelLoader
@@ -47,6 +48,8 @@ class MainWindow(QMainWindow):
         self.store = store
         self.qsettings = qsettings
         self.settings: AppSettings = settings_io.load(qsettings)
+        self.profiles = ModelProfiles(qsettings)
+        self._restore_api = False  # set at start when the API server was on as the app last closed
         apply_theme(QApplication.instance(), self.settings.theme)
         self.engine: ChatEngine | RemoteChatEngine | None = None
         self.snapshot: RigSnapshot | None = None
@@ -127,8 +130,13 @@ class MainWindow(QMainWindow):
     # model
 
     def start(self, path: Path | None) -> None:
-        """At launch: load `path`; with no path, the demo model on the CPU when the first rig reading
+        """At launch: load `path`; with no path, the model loaded when the app last closed (with its profile,
+        and the API server as it was); failing that, the demo model on the CPU when the first rig reading
         finds no GPU, else the loading sheet (decided when that reading arrives, off the GUI thread)."""
+        self._restore_api = self.profiles.api_server_on
+        last = self.profiles.last_model
+        if path is None and last and Path(last).is_file():
+            path = Path(last)
         if path is not None:
             self.start_default_model(path)
         else:
@@ -137,11 +145,14 @@ class MainWindow(QMainWindow):
     def start_default_model(self, path: Path | None) -> None:
         """Load `path` (or the demo model on the CPU when there is no GPU and no path) without the sheet."""
         self.notify("loading the demo model (CPU reference backend)..." if path is None else f"loading {path}...")
-        self.loader.load(LoadRequest(path, "auto", None, "f16", ()))
+        profile = self.profiles.get(DEMO if path is None else str(path)) or ModelProfile()
+        self.loader.load(LoadRequest(path, profile.backend, profile.context, profile.kv_format, profile.cards,
+                                     profile.split))
 
     def open_load_sheet(self) -> LoadSheet:
         cards = list(self.snapshot.cards) if self.snapshot else []
-        sheet = LoadSheet(cards, self.loader, self.snapshot.error if self.snapshot else None, self, self.rig_link)
+        sheet = LoadSheet(cards, self.loader, self.snapshot.error if self.snapshot else None, self, self.rig_link,
+                          profiles=self.profiles if self.rig_link is None else None)
         sheet.setAttribute(Qt.WA_DeleteOnClose)
         sheet.show()
         return sheet
@@ -155,6 +166,8 @@ class MainWindow(QMainWindow):
     def set_engine(self, engine: ChatEngine | RemoteChatEngine | None) -> None:
         if engine is self.engine:
             return
+        if isinstance(engine, ChatEngine):
+            self._adopt_profile(engine)
         old, self.engine = self.engine, engine
         self.api.set_engine(engine if isinstance(engine, ChatEngine) else None)  # a rig serves its own API
         self.chat.set_engine(engine)
@@ -164,6 +177,23 @@ class MainWindow(QMainWindow):
         self.update_status()
         if engine is not None:
             self.notify(f"{engine.info.name} ready on the {engine.info.backend} backend")
+        if isinstance(engine, ChatEngine) and self._restore_api:
+            self._restore_api = False
+            self.api.toggle.setChecked(True)
+
+    def _adopt_profile(self, engine: ChatEngine) -> None:
+        """Restore the model's chat settings (a file without its own chat template starts in raw prompt
+        mode), and remember how it was loaded and that it is the one to reopen after a restart."""
+        i = engine.info
+        known = self.profiles.get(i.path)
+        if known is not None and known.chat:
+            settings = known.with_chat(self.settings)
+        else:
+            settings = replace(self.settings, raw_prompt=not i.chat_template)
+        self.profiles.put(i.path, ModelProfile(i.backend, i.cards, i.split, i.context, i.kv_format, chat_part(settings)))
+        self.profiles.last_model = i.path
+        self.settings = settings
+        settings_io.save(self.qsettings, settings)
 
     # rig
 
@@ -327,6 +357,8 @@ class MainWindow(QMainWindow):
     def apply_settings(self, new: AppSettings) -> None:
         self.settings = new
         settings_io.save(self.qsettings, new)
+        if isinstance(self.engine, ChatEngine):
+            self.profiles.remember_chat(self.engine.info.path, new)
         apply_theme(QApplication.instance(), new.theme)
 
     def notify(self, message: str) -> None:
@@ -336,6 +368,7 @@ class MainWindow(QMainWindow):
         if self.chat.stream is not None:
             self.chat.stop()
         self.disconnect_rig()
+        self.profiles.api_server_on = self.api.server is not None
         self.api.shutdown()
         self.monitor.shutdown()
         self.loader.shutdown()

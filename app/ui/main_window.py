@@ -157,6 +157,16 @@ class MainWindow(QMainWindow):
         sheet.show()
         return sheet
 
+    def open_from_other_launch(self, model: str) -> None:
+        """A second launch of the app: come to the front, and open the GGUF it was given in the sheet."""
+        self.showNormal()
+        self.raise_()
+        self.activateWindow()
+        if model and self.rig_link is not None:
+            self.notify(f"disconnect from rig {self.rig_link.name} to open {Path(model).name} on this computer")
+        elif model:
+            self.open_load_sheet().choose(Path(model))
+
     def unload_model(self) -> None:
         """Close the model; on a rig, also unload it there (freeing the rig's cards)."""
         if isinstance(self.loader, RemoteModelLoader) and self.engine is not None:

@@ -27,7 +27,7 @@ from engine.server.generation_job import Finished
 
 from app.chat_engine import ModelInfo, data_url_image_part, prompt_messages
 from app.chat_records import Message
-from app.rig_client import SLOW, RigLink, error_text
+from app.rig_client import SLOW, RigLink, auth_headers, error_text
 from app.settings import AppSettings
 
 
@@ -90,7 +90,7 @@ class RemoteChatEngine(QObject):
         self.link = link
         self.model_id = model_id
         self.info = info
-        self._http = httpx.Client(base_url=link.base_url, headers={"Authorization": f"Bearer {link.key}"},
+        self._http = httpx.Client(base_url=link.base_url, headers=auth_headers(link.key),
                                   timeout=SLOW)  # Stop ends a stream at once, not the timeout
         self._ids = itertools.count(1)
         self._stops: dict[int, threading.Event] = {}

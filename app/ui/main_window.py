@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
         self.loader.loaded.connect(self._loaded)
         self.loader.failed.connect(self._load_failed)
         self.rig_link: RigLink | None = None  # set while connected to a rig
+        self._pending_rig: tuple[RigLink, RemoteModelLoader] | None = None  # asked to connect, not answered yet
         self.remote_monitor: MonitorService | None = None
         self._poll_ms = poll_ms
 
@@ -215,15 +216,28 @@ class MainWindow(QMainWindow):
         return dialog
 
     def connect_rig(self, link: RigLink) -> None:
-        """Chat, load and monitor on `link`'s rig instead of this computer (the local model is closed)."""
+        """Chat, load and monitor on `link`'s rig instead of this computer. The local model is closed only
+        once the rig has answered: a wrong address or key leaves this computer as it was."""
+        if self._pending_rig is not None:
+            self._pending_rig[1].shutdown()
+        remote = RemoteModelLoader(link)
+        remote.notice.connect(self.notify)
+        remote.unreachable.connect(self._rig_unreachable)
+        remote.reachable.connect(self._rig_reachable)
+        self._pending_rig = (link, remote)
+        self.notify(f"connecting to rig {link.name}...")
+        remote.check()
+
+    def _rig_reachable(self) -> None:
+        if self._pending_rig is None or self.sender() is not self._pending_rig[1]:
+            return
+        link, remote = self._pending_rig
+        self._pending_rig = None
         self.disconnect_rig()
         self._start_pending = False  # the demo-model start is for this computer only
         self.set_engine(None)
         self.apply_settings(replace(self.settings, rig_host=link.host, rig_port=link.port))
         self.rig_link = link
-        remote = RemoteModelLoader(link)
-        remote.notice.connect(self.notify)
-        remote.unreachable.connect(self._rig_unreachable)
         self._use_loader(remote)
         self.monitor.snapshot.disconnect(self._snapshot)
         self.snapshot = None
@@ -261,7 +275,12 @@ class MainWindow(QMainWindow):
         loader.failed.connect(self._load_failed)
 
     def _rig_unreachable(self, message: str) -> None:
-        self.disconnect_rig()
+        if self._pending_rig is not None and self.sender() is self._pending_rig[1]:
+            pending = self._pending_rig[1]
+            pending.shutdown()  # never connected: the local model and monitor stay as they were
+            self._pending_rig = None
+        elif self.sender() is self.loader:
+            self.disconnect_rig()
         self.notify(f"could not connect: {message}")
 
     def _loaded(self, engine: ChatEngine | RemoteChatEngine) -> None:
@@ -377,6 +396,9 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         if self.chat.stream is not None:
             self.chat.stop()
+        if self._pending_rig is not None:
+            self._pending_rig[1].shutdown()
+            self._pending_rig = None
         self.disconnect_rig()
         self.profiles.api_server_on = self.api.server is not None
         self.api.shutdown()

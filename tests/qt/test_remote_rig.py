@@ -64,6 +64,7 @@ def test_the_app_drives_a_headless_rig(qtbot, bare_window, served_rig, memory_ke
     dialog.port.setValue(link.port)
     dialog.key.setText(KEY)
     dialog.accept()
+    qtbot.waitUntil(lambda: win.rig_link is not None, timeout=30_000)  # swapped once the rig has answered
     assert win.rig_link == link and isinstance(win.loader, RemoteModelLoader)
     assert memory_keyring.values[(KEYRING_SERVICE, keyring_user(link.host, link.port))] == KEY
     assert (win.settings.rig_host, win.settings.rig_port) == (link.host, link.port)
@@ -138,8 +139,8 @@ def test_a_wrong_key_is_reported_and_the_app_stays_local(qtbot, bare_window, ser
     link, _proc = served_rig
     win = bare_window
     win.connect_rig(replace(link, key="wrong"))
-    qtbot.waitUntil(lambda: win.rig_link is None, timeout=30_000)
-    assert "could not connect" in win.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: "could not connect" in win.statusBar().currentMessage(), timeout=30_000)
+    assert win.rig_link is None
     assert "401" in win.statusBar().currentMessage() and win.loader is win.local_loader
 
 

@@ -18,6 +18,7 @@ _DARK = {QPalette.Window: "#2b2b2b", QPalette.WindowText: "#e6e6e6", QPalette.Ba
          QPalette.ButtonText: "#e6e6e6", QPalette.Highlight: "#3b6fd8", QPalette.HighlightedText: "#ffffff",
          QPalette.ToolTipBase: "#3a3a3a", QPalette.ToolTipText: "#e6e6e6", QPalette.Link: "#7aa7ff",
          QPalette.PlaceholderText: "#a0a0a0", QPalette.BrightText: "#ffffff"}
+_DARK_DISABLED = "#7a7a7a"  # disabled text: visibly dimmer than enabled text, still legible
 # Fusion's light placeholder is half-transparent text (about 4:1 on white): a solid grey reads at 6:1+.
 _LIGHT = {QPalette.PlaceholderText: "#5f5f5f", QPalette.Link: "#0b57d0"}
 
@@ -77,6 +78,9 @@ def apply_theme(app: QApplication, theme: str) -> None:
         themed = app.style().standardPalette()
         for role, value in (_DARK if theme == "dark" else _LIGHT).items():
             themed.setColor(role, QColor(value))
+        if theme == "dark":  # setColor set every group: give disabled text its own dimmer colour again
+            for role in (QPalette.WindowText, QPalette.Text, QPalette.ButtonText):
+                themed.setColor(QPalette.Disabled, role, QColor(_DARK_DISABLED))
         app.setPalette(themed)
     for widget in app.allWidgets():
         chosen = widget.property(STYLE_PROPERTY)

@@ -194,10 +194,15 @@ class ChatPane(QWidget):
         edit_row.addWidget(cancel_edit)
         self.edit_bar.setVisible(False)
         layout.addWidget(self.edit_bar)
+        self.input_refusal = QLabel()  # why what the user tried to add or send was refused, next to where they did
+        self.input_refusal.setWordWrap(True)
+        set_style(self.input_refusal, "error")
+        self.input_refusal.setVisible(False)
+        layout.addWidget(self.input_refusal)
         self.composer = Composer()
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
-        self.composer.error.connect(self.notice.emit)
+        self.composer.error.connect(self._refuse_input)
         layout.addWidget(self.composer)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render_stream)
@@ -302,8 +307,9 @@ class ChatPane(QWidget):
             return
         refusal = self.engine.info.no_images_reason if attachments else ""
         if refusal:  # refused before it is stored, so the chat never holds a message its model cannot take
-            self.notice.emit(refusal)
+            self._refuse_input(refusal)
             return
+        self.input_refusal.setVisible(False)
         if self.conversation_id is None:
             self.conversation_id = self.store.create_conversation(chat_title(text))
             self.conversations_changed.emit()
@@ -318,6 +324,11 @@ class ChatPane(QWidget):
         self.composer.clear()
         self._answer()
         self.conversations_changed.emit()
+
+    def _refuse_input(self, message: str) -> None:
+        self.input_refusal.setText(message)
+        self.input_refusal.setVisible(True)
+        self.notice.emit(message)
 
     def regenerate(self) -> None:
         if self.stream is not None or not self.messages or self.messages[-1].role != "assistant":

@@ -23,6 +23,8 @@ class ConversationList(QWidget):
         self.search.textChanged.connect(lambda _t: self.refresh())
         layout.addWidget(self.search)
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.ElideRight)  # a long title ends in "...", the list never scrolls sideways
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.currentItemChanged.connect(self._current_changed)
         layout.addWidget(self.list, 1)
         row = QHBoxLayout()

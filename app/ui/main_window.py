@@ -389,6 +389,7 @@ class MainWindow(QMainWindow):
         if isinstance(self.engine, ChatEngine):
             self.profiles.remember_chat(self.engine.info.path, new)
         apply_theme(QApplication.instance(), new.theme)
+        self.update_status()  # its rich text carries the theme's colours
 
     def notify(self, message: str) -> None:
         self.statusBar().showMessage(message, 10000)

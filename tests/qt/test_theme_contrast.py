@@ -67,3 +67,10 @@ def test_the_dark_placeholder_is_the_palettes_readable_one(qtbot):
         assert contrast_ratio(pal.color(QPalette.PlaceholderText), pal.color(QPalette.Base)) >= AA
     finally:
         apply_theme(app, "system")
+
+
+def test_disabled_text_looks_disabled_in_both_themes(theme):
+    pal = QApplication.instance().palette()
+    for role in (QPalette.ButtonText, QPalette.WindowText):
+        enabled, disabled = pal.color(QPalette.Active, role), pal.color(QPalette.Disabled, role)
+        assert contrast_ratio(enabled, disabled) > 1.5, f"{theme}: disabled text looks enabled"

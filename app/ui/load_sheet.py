@@ -87,7 +87,7 @@ class _Inspector(QObject):
     """Validates a file and prices it off the GUI thread."""
 
     done = Signal(object)  # Inspected
-    failed = Signal(str)
+    failed = Signal(object, str)  # the path inspected, the message
 
     def __init__(self, inspect: Callable[[PurePath | None], Inspected]):
         super().__init__()
@@ -98,7 +98,7 @@ class _Inspector(QObject):
             try:
                 self.done.emit(self._inspect(path))
             except Exception as err:  # the sheet shows the validator's (or the rig's) message
-                self.failed.emit(str(err))
+                self.failed.emit(path, str(err))
 
         threading.Thread(target=work, name="rigllm-inspect", daemon=True).start()
 
@@ -141,7 +141,8 @@ class LoadSheet(QDialog):
         self.current: Budget | None = None
         self.rows: dict[int, _ProgressRow] = {}
         self._inspector = _Inspector(inspect_local if rig is None else rig_inspector(rig))
-        self._inspector.done.connect(self.show_model)
+        self._chosen: PurePath | None = None  # the file the latest choice asked for
+        self._inspector.done.connect(self._inspected)
         self._inspector.failed.connect(self._inspect_failed)
         layout = QVBoxLayout(self)
 
@@ -298,7 +299,12 @@ class LoadSheet(QDialog):
         self.path_edit.setText("" if path is None else str(path))
         self.model_label.setText("reading the model...")
         self.load_button.setEnabled(False)
+        self._chosen = path
         self._inspector.inspect(path)
+
+    def _inspected(self, result: Inspected) -> None:
+        if result.path == self._chosen:  # a slower inspection of an earlier choice must not replace this one
+            self.show_model(result)
 
     def show_model(self, result: Inspected) -> None:
         """Price `result` on the cards (the inspector calls it; the screenshot script passes a 27B shape)."""
@@ -362,7 +368,9 @@ class LoadSheet(QDialog):
         self._pick_cards()
         self.recompute()
 
-    def _inspect_failed(self, message: str) -> None:
+    def _inspect_failed(self, path: PurePath | None, message: str) -> None:
+        if path != self._chosen:
+            return
         self.inspected = None
         self.model_label.setText(span(message, "error"))
         self.load_button.setEnabled(False)

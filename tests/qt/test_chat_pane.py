@@ -13,7 +13,6 @@ from app.chat_records import COMPLETE, STOPPED
 from app.chat_store import ChatStore
 from app.ui.composer import Composer
 from app.ui.markdown_view import MarkdownView, code_blocks
-from conftest import Recorder
 
 
 def send_and_wait(qtbot, window, text: str) -> None:

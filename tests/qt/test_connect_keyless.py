@@ -4,12 +4,8 @@ that cannot be reached leaves the local model loaded."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
-import uvicorn
-from conftest import Recorder, free_port
+from conftest import Recorder, free_port, served_in_process
 
 from engine.server.admin import admin_router
 from engine.server.admin_host import ModelHost
@@ -26,17 +22,8 @@ def keyless_rig():
     host = ModelHost(backend="reference")
     app = create_app(host, None)
     app.include_router(admin_router(host, FakeSource([cmp_100_210(0)]), LogRing()))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the in-process rig did not start"
-        time.sleep(0.01)
-    yield RigLink("127.0.0.1", port, "")
-    server.should_exit = True
-    thread.join(timeout=20)
+    with served_in_process(app) as port:
+        yield RigLink("127.0.0.1", port, "")
     host.close()
 
 

@@ -114,3 +114,10 @@ def test_the_sheet_restores_a_models_profile(qtbot, rig, loader, qsettings):
     assert sheet.kv_name == "k8v4" and sheet.backend.currentText() == "reference"
     request = sheet.request()
     assert (request.cards, request.split, request.context, request.kv_format) == ((1, 2), (2, 2), 8192, "k8v4")
+
+
+def test_a_slower_inspection_of_an_earlier_choice_does_not_replace_the_latest(qtbot, loader):
+    sheet = open_sheet(qtbot, [], loader, path=FIXTURE)
+    demo = replace(sheet.inspected, path=None, name="demo")
+    sheet._inspected(demo)  # the demo model's inspection, started first, arriving last
+    assert sheet.inspected.path == FIXTURE and sheet.inspected.name == "fixture-q8_0"

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from conftest import Recorder, free_port
+from conftest import Recorder, free_port, served_in_process
 
 from engine.server.access import KEYRING_SERVICE
 from engine.telemetry import NO_GPU
@@ -211,8 +211,6 @@ def gated_rig():
     their bytes, then wait for `gate` (so a test can cancel mid-load); yields (link, host, gate)."""
     import threading
 
-    import uvicorn
-
     from engine.generation.backend import open_backend
     from engine.generation.load_progress import LoadProgress
     from engine.server.admin import admin_router
@@ -234,17 +232,8 @@ def gated_rig():
     host = ModelHost(backend="reference", opener=opener)
     app = create_app(host, KEY)
     app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), LogRing()))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the in-process rig did not start"
-        time.sleep(0.01)
-    yield RigLink("127.0.0.1", port, KEY), host, gate
-    server.should_exit = True
-    thread.join(timeout=20)
+    with served_in_process(app) as port:
+        yield RigLink("127.0.0.1", port, KEY), host, gate
     host.close()
 
 

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QProgressBar, QPu
 
 from engine.errors import RigllmError
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
-from engine.server.generation_job import Finished
+from engine.server.generation_job import Finished, Progress
 from engine.server.worker import QueueFull
 
 from app.chat_engine import ChatEngine, ImageInputError
@@ -61,11 +61,11 @@ class _Stream:
         self.first_piece: float | None = None
         self.reasoning_started: float | None = None
         self.saved = 0.0
-        self.progress = None  # the engine's last Progress report (local engines)
+        self.progress: Progress | None = None  # the engine's last report (local engines)
         self.first_token_seconds: float | None = None  # Progress.seconds when the first token was reported
         self.prompt_rate: float | None = None  # prompt tokens/s the prefill ran at (tokens not from a kept state)
 
-    def take(self, p) -> None:
+    def take(self, p: Progress) -> None:
         """Keep a Progress report and what it says about the prompt phase."""
         self.progress = p
         if p.generated and self.first_token_seconds is None:
@@ -482,7 +482,7 @@ class ChatPane(QWidget):
         if not self._render_timer.isActive():
             self._render_timer.start()
 
-    def _on_progress(self, job_id: int, progress) -> None:
+    def _on_progress(self, job_id: int, progress: Progress) -> None:
         stream = self.stream
         if stream is None or job_id != stream.job_id:
             return

@@ -38,6 +38,19 @@ class ModelInfo:
     context: int
     kv_format: str
     cards: tuple[int, ...]  # card indices (PCI bus order) the model runs on; () for the CPU
+    vision: bool | None = False  # takes images (a vision projector loaded and a backend that prefills them); None: unknown
+    mtp: bool = False  # speculates with the model's MTP head (it has one, and the backend runs it: one card or the CPU)
+    chat_template: bool = True  # the file carries its own chat template (without one, raw prompts are the default)
+    path: str = ""  # the GGUF the model was loaded from ("" for the generated demo model or a rig's)
+    split: tuple[int, ...] | None = None  # layers per card as asked for (None: the memory plan's)
+
+    @property
+    def no_images_reason(self) -> str:
+        """Why images cannot be attached ("" when they can, or when it is not known)."""
+        if self.vision is False:
+            return (f"{self.name} takes no images: it was loaded without a vision projector "
+                    "(put its mmproj*.gguf next to the model file to load one)")
+        return ""
 
 
 ImagePart = Callable[[Attachment], dict[str, Any]]
@@ -91,10 +104,17 @@ def prompt_messages(history: list[Message], settings: AppSettings,
     return out
 
 
+def raw_prompt_text(history: list[Message]) -> str:
+    """Raw prompt mode (no chat template, for base models and the trained fixtures): the conversation's
+    texts joined as written, so each answer continues the text before it."""
+    return "".join(m.content for m in history if m.role != "system")
+
+
 class ChatEngine(QObject):
     piece = Signal(int, object)  # job id, list[ParseEvent]
     finished = Signal(int, object)  # job id, Finished
     failed = Signal(int, str)  # job id, message
+    progress = Signal(int, object)  # job id, Progress (prompt tokens processed, tokens generated)
 
     def __init__(self, loaded: LoadedModel, service: ModelService, worker: GenerationWorker, info: ModelInfo):
         super().__init__()
@@ -105,15 +125,26 @@ class ChatEngine(QObject):
         self._ids = itertools.count(1)
         self._jobs: dict[int, Job] = {}
 
-    def _prompt(self, history: list[Message], settings: AppSettings) -> ChatPrompt:
+    def _prompt(self, history: list[Message], settings: AppSettings) -> ChatPrompt | list[int]:
+        """The prompt for `history` (its token ids alone in raw mode); raises RigllmError when it does not fit."""
+        if settings.raw_prompt:
+            ids = self._raw_ids(history)
+            if len(ids) >= self.service.context_length:
+                raise RigllmError(f"the prompt is {len(ids)} tokens, the context holds {self.service.context_length}")
+            return ids
         return build_chat_prompt(self.service.template, self.service.tokenizer, prompt_messages(history, settings),
                                  enable_thinking=settings.thinking, context_length=self.service.context_length)
+
+    def _raw_ids(self, history: list[Message]) -> list[int]:
+        return self.service.tokenizer.encode(raw_prompt_text(history), parse_special=True)
 
     def context_used(self, history: list[Message], settings: AppSettings) -> int:
         """Tokens the prompt for `history` takes (also when it is over the context), for the fill meter;
         0 before the first user message (the template renders no prompt without one)."""
         if not any(m.role == "user" for m in history):
             return 0
+        if settings.raw_prompt:
+            return len(self._raw_ids(history))
         return len(build_chat_prompt(self.service.template, self.service.tokenizer, prompt_messages(history, settings),
                                      enable_thinking=settings.thinking).token_ids)
 
@@ -136,16 +167,27 @@ class ChatEngine(QObject):
         Raises RigllmError (one line, shown to the user) when the conversation does not fit the context;
         it is never truncated silently (contracts.md): the chat pane offers to drop the oldest turns.
         """
-        self._prompt(history, settings)  # refuses a conversation over the context before any image is encoded
+        raw = self._prompt(history, settings)  # refuses a conversation over the context before any image is encoded
+        last = history[-1] if history else None
+        if last is not None and last.attachments and self.info.no_images_reason:
+            raise ImageInputError(self.info.no_images_reason)
+        job_id = next(self._ids)
+        if isinstance(raw, list):
+            return self._queue(job_id, raw, settings, thinking=False, turn_start=0, multimodal=None)
+        # a model without vision still answers a chat that holds images: earlier images stay out of its prompt
+        image_part = pil_image_part if self.info.vision else None
         try:
-            prepared = self.service.prepare_chat(prompt_messages(history, settings, pil_image_part),
+            prepared = self.service.prepare_chat(prompt_messages(history, settings, image_part),
                                                  enable_thinking=settings.thinking,
                                                  backend_takes_images=self.worker.supports_images)
         except RigllmError as err:
             raise ImageInputError(str(err)) from None
-        prompt = prepared.chat
-        job_id = next(self._ids)
-        room = self.service.context_length - len(prepared.token_ids)
+        return self._queue(job_id, prepared.token_ids, settings, prepared.chat.thinking,
+                           self.service.turn_start(prepared.token_ids), prepared.multimodal)
+
+    def _queue(self, job_id: int, token_ids: list[int], settings: AppSettings, thinking: bool, turn_start: int,
+               multimodal: Any) -> int:
+        room = self.service.context_length - len(token_ids)
 
         def sink(item: Piece | Finished | Failed) -> None:  # on the worker thread
             if isinstance(item, Piece):
@@ -157,9 +199,9 @@ class ChatEngine(QObject):
                 self._jobs.pop(job_id, None)
                 self.failed.emit(job_id, item.message)
 
-        job = Job(prepared.token_ids, settings.sampling(), min(settings.max_tokens, room), prompt.thinking, None, [],
-                  sink=sink, turn_start=self.service.turn_start(prepared.token_ids), speculative=settings.speculative,
-                  multimodal=prepared.multimodal)
+        job = Job(token_ids, settings.sampling(), min(settings.max_tokens, room), thinking, None, [],
+                  sink=sink, turn_start=turn_start, speculative=settings.speculative, multimodal=multimodal,
+                  on_progress=lambda p: self.progress.emit(job_id, p))
         self._jobs[job_id] = job
         self.worker.submit(job)
         return job_id

@@ -27,7 +27,7 @@ class Message:
     reasoning_seconds: float | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     status: str = COMPLETE
-    stats: dict[str, float] = field(default_factory=dict)  # tokens_per_second, ttft_seconds, tokens
+    stats: dict[str, Any] = field(default_factory=dict)  # tokens, tokens_per_second, ttft_seconds, cards, ...
     attachments: list[Attachment] = field(default_factory=list)
     id: int | None = None
 

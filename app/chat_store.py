@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from app.chat_records import INTERRUPTED, STREAMING, Attachment, Conversation, Message
+from app.file_lock import FileLock, LockHeld
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the first release: conversations and plain text messages
@@ -44,19 +45,29 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class ChatStoreError(Exception):
-    """The database was written by a newer rigllm: refuse rather than risk damaging it."""
+    """The database was written by a newer rigllm, or another rigllm has it open: refuse rather than risk
+    damaging it."""
 
 
 class ChatStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
-        with self._db:
-            self._db.execute("UPDATE messages SET status=? WHERE status=?", (INTERRUPTED, STREAMING))
+        try:
+            self._lock = FileLock(self.path.with_name(self.path.name + ".lock"))
+        except LockHeld:
+            raise ChatStoreError(f"{self.path} is open in another rigllm (one app at a time may use a chat "
+                                 "database)") from None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+            with self._db:
+                self._db.execute("UPDATE messages SET status=? WHERE status=?", (INTERRUPTED, STREAMING))
+        except BaseException:
+            self._lock.release()
+            raise
 
     @property
     def schema_version(self) -> int:
@@ -84,6 +95,7 @@ class ChatStore:
 
     def close(self) -> None:
         self._db.close()
+        self._lock.release()
 
     # conversations
 

@@ -4,6 +4,9 @@ With no model given: where no NVIDIA GPU is found the app loads the generated de
 reference backend (clearly labelled), so everything can be tried; with GPUs it opens the loading
 sheet. `--smoke-test` opens the window, loads the demo model, answers one message and exits 0
 (packaging uses it to check a built bundle).
+
+One app runs per user and data folder: a second launch hands its model to the running window (which
+comes to the front and opens it in the loading sheet) and exits.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.paths import RESOURCES_DIR
     from engine.telemetry import open_source
 
+    from engine.paths import user_data_dir
+
     from app.chat_store import ChatStore, ChatStoreError
+    from app.single_instance import InstanceServer, forward_to_running, instance_name
     from app.ui.main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -43,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
     app.setOrganizationName("rigllm")
     app.setDesktopFileName("rigllm")  # Wayland app id = packaging/linux/rigllm.desktop (X11 uses the name above)
     app.setWindowIcon(QIcon(str(RESOURCES_DIR / "icons" / "hicolor" / "256x256" / "apps" / "rigllm.png")))
+    name = instance_name(user_data_dir())
+    if not args.smoke_test and forward_to_running(name, str(args.model.resolve()) if args.model else ""):
+        print("rigllm gui: already running; its window was brought to the front")
+        return 0
     try:
         store = ChatStore(chats_path())
     except ChatStoreError as err:
@@ -52,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     window.show()
     if args.smoke_test:
         return _smoke(app, window)
+    instances = InstanceServer(name, window)
+    instances.message.connect(window.open_from_other_launch)
     window.start(args.model)
     code = app.exec()
     store.close()

@@ -114,6 +114,10 @@ class ModelLoader(QObject):
         worker.start()
         service.vision = vision_for_backend(service.vision, worker)  # a GPU backend encodes images on its card
         label = DEMO_LABEL if request.path is None else ""
-        info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, request.kv_format,
-                         (tuple(request.cards) or (0,)) if worker.backend_name == "cuda" else ())
+        on_cards = (tuple(request.cards) or (0,)) if worker.backend_name == "cuda" else ()
+        info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, request.kv_format, on_cards,
+                         vision=service.vision.encoder is not None and worker.supports_images,
+                         mtp=loaded.config.n_mtp > 0 and len(on_cards) <= 1,  # the CUDA backend drafts on one card
+                         chat_template=service.template.origin == "model's",
+                         path="" if request.path is None else str(request.path), split=request.split)
         return ChatEngine(loaded, service, worker, info)

@@ -27,7 +27,7 @@ from engine.generation.serving.generation_job import Finished
 
 from app.chat_engine import ModelInfo, data_url_image_part, prompt_messages
 from app.chat_records import Message
-from app.rig_client import SLOW, RigLink, error_text
+from app.rig_client import SLOW, RigLink, auth_headers, error_text
 from app.settings import AppSettings
 
 
@@ -83,13 +83,14 @@ class RemoteChatEngine(QObject):
     piece = Signal(int, object)  # job id, list[ParseEvent]
     finished = Signal(int, object)  # job id, Finished
     failed = Signal(int, str)  # job id, message
+    progress = Signal(int, object)  # the local engine's prompt progress; a rig's stream has none before its first token
 
     def __init__(self, link: RigLink, model_id: str, info: ModelInfo):
         super().__init__()
         self.link = link
         self.model_id = model_id
         self.info = info
-        self._http = httpx.Client(base_url=link.base_url, headers={"Authorization": f"Bearer {link.key}"},
+        self._http = httpx.Client(base_url=link.base_url, headers=auth_headers(link.key),
                                   timeout=SLOW)  # Stop ends a stream at once, not the timeout
         self._ids = itertools.count(1)
         self._stops: dict[int, threading.Event] = {}

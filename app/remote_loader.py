@@ -6,7 +6,9 @@ the loading (`POST /admin/load`) and this object, on its own QThread, polls `GET
 turns the rig's per-card progress into the same reports; Cancel asks the rig to cancel, which frees
 its cards. `loaded` carries a `RemoteChatEngine` for the model now on the rig.
 
-`attach()` (on connecting) adopts a model the rig already has, and follows a load already running.
+`check()` (on connecting) only asks whether the rig answers with this key (`reachable` or
+`unreachable`), so the app swaps its local model out only for a rig that is there; `attach()` then
+adopts a model the rig already has, and follows a load already running.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ class RemoteModelLoader(QObject):
     failed = Signal(str)
     cancelled = Signal()
     notice = Signal(str)  # connected, unloaded: one line for the status bar
-    unreachable = Signal(str)  # attach() could not talk to the rig (wrong address or key)
+    unreachable = Signal(str)  # check() or attach() could not talk to the rig (wrong address or key)
+    reachable = Signal()  # check() reached the rig with this key
     _requested = Signal(object)
+    _check = Signal()
     _attach = Signal()
     _unload = Signal()
 
@@ -68,6 +72,7 @@ class RemoteModelLoader(QObject):
         self._thread.setObjectName("rigllm-remote-loader")
         self.moveToThread(self._thread)
         self._requested.connect(self._load)
+        self._check.connect(self._do_check)
         self._attach.connect(self._adopt)
         self._unload.connect(self._do_unload)
         self._thread.start()
@@ -77,6 +82,10 @@ class RemoteModelLoader(QObject):
         """Ask the rig to load; exactly one of loaded/failed/cancelled follows."""
         self._cancel.clear()
         self._requested.emit(request)
+
+    def check(self) -> None:
+        """Ask the rig for its status once: `reachable` or `unreachable` follows."""
+        self._check.emit()
 
     def attach(self) -> None:
         """Check the address and key, and adopt the rig's model (`loaded`) if it has one."""
@@ -102,6 +111,15 @@ class RemoteModelLoader(QObject):
         if self._rig is None:
             self._rig = self.link.client()
         return self._rig
+
+    @Slot()
+    def _do_check(self) -> None:
+        try:
+            self._client().load_status()
+        except RigllmError as err:
+            self.unreachable.emit(str(err))
+            return
+        self.reachable.emit()
 
     @Slot()
     def _adopt(self) -> None:

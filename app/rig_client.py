@@ -50,6 +50,12 @@ class RigLink:
         return RigClient(self)
 
 
+def auth_headers(key: str) -> dict[str, str]:
+    """The Authorization header for `key`; none for an empty key (a keyless `rigllm serve` wants none, and
+    "Bearer " with nothing after it is not a legal header value)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def keyring_user(host: str, port: int) -> str:
     return f"rig-key:{host}:{port}"
 
@@ -83,8 +89,7 @@ class RigClient:
 
     def __init__(self, link: RigLink):
         self.link = link
-        self.http = httpx.Client(base_url=link.base_url, headers={"Authorization": f"Bearer {link.key}"},
-                                 timeout=TIMEOUT)
+        self.http = httpx.Client(base_url=link.base_url, headers=auth_headers(link.key), timeout=TIMEOUT)
 
     def close(self) -> None:
         self.http.close()

@@ -4,6 +4,9 @@ Declaring them in one dataclass (the Orange `Setting` idea) keeps the settings d
 generation request and persistence in agreement; a stored value of the wrong type or out of range
 falls back to the default instead of breaking start-up. `SETTINGS_VERSION` is written with the
 values; `migrate` upgrades older layouts in place.
+
+System-prompt presets: the built-in ones (`DEFAULT_PRESETS`) live in the code and are read-only; the
+user's own are stored apart from them (`user_presets`), so no edit can overwrite a built-in.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from PySide6.QtCore import QSettings
 from engine.errors import RigllmError
 from engine.generation.sampler import SamplingParams
 
-SETTINGS_VERSION = 2
+SETTINGS_VERSION = 3
 THEMES = ("system", "dark", "light")
 DEFAULT_PRESETS = {
     "Helpful assistant": "You are a helpful assistant.",
     "Concise": "Answer briefly and precisely.",
     "Coder": "You are an expert programmer. Answer with working code and short explanations.",
 }
+DEFAULT_PRESET = "Helpful assistant"
+_STORED_AS = {"presets": "user_presets"}  # field -> QSettings key where they differ
 
 
 @dataclass
@@ -37,8 +42,9 @@ class AppSettings:
     max_tokens: int = 1024
     thinking: bool = True
     speculative: bool = True  # speculative decoding with the model's MTP head, when it has one
-    system_preset: str = "Helpful assistant"
-    presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
+    raw_prompt: bool = False  # no chat template: the conversation's text as written (base models, trained fixtures)
+    system_preset: str = DEFAULT_PRESET
+    presets: dict[str, str] = field(default_factory=dict)  # the user's own presets (the built-ins are DEFAULT_PRESETS)
     theme: str = "system"
     api_port: int = 8765
     rig_host: str = ""  # the last rig connected to ("Connect to rig"); its key is in the keyring
@@ -52,6 +58,8 @@ class AppSettings:
 
     @property
     def system_prompt(self) -> str:
+        if self.system_preset in DEFAULT_PRESETS:
+            return DEFAULT_PRESETS[self.system_preset]
         return self.presets.get(self.system_preset, "")
 
     def validate(self) -> None:
@@ -64,16 +72,32 @@ class AppSettings:
             raise RigllmError("the API port must be in 1-65535")
         if not 1 <= self.rig_port <= 65535:
             raise RigllmError("the rig's port must be in 1-65535")
+        if set(self.presets) & set(DEFAULT_PRESETS):
+            raise RigllmError("a preset of your own cannot take a built-in preset's name")
 
 
 def migrate(store: QSettings) -> None:
-    """Version 1 kept the system prompt as one string under `system_prompt`; it becomes a preset."""
+    """Version 1 kept the system prompt as one string under `system_prompt`; it becomes a user preset.
+    Version 2 kept built-in and user presets together under `presets`, so clearing a built-in's text
+    overwrote it: the built-ins come back, and a built-in the user had really rewritten is kept as their
+    own "<name> (edited)"."""
     version = int(store.value("version", 0) or 0)
     if version == 1 and store.contains("system_prompt"):
-        presets = dict(DEFAULT_PRESETS, **{"Custom": str(store.value("system_prompt"))})
-        store.setValue("presets", presets)
+        store.setValue("user_presets", {"Custom": str(store.value("system_prompt"))})
         store.setValue("system_preset", "Custom")
         store.remove("system_prompt")
+    if version == 2 and store.contains("presets"):
+        user: dict[str, str] = {}
+        for name, text in dict(store.value("presets") or {}).items():
+            name, text = str(name), str(text)
+            if name not in DEFAULT_PRESETS:
+                user[name] = text
+            elif text.strip() and text != DEFAULT_PRESETS[name]:
+                user[f"{name} (edited)"] = text
+                if store.value("system_preset") == name:
+                    store.setValue("system_preset", f"{name} (edited)")
+        store.setValue("user_presets", user)
+        store.remove("presets")
     store.setValue("version", SETTINGS_VERSION)
 
 
@@ -83,7 +107,7 @@ def load(store: QSettings) -> AppSettings:
     values: dict[str, Any] = {}
     for f in fields(AppSettings):
         default = getattr(defaults, f.name)
-        raw = store.value(f.name, default)
+        raw = store.value(_STORED_AS.get(f.name, f.name), default)
         try:
             if isinstance(default, bool):
                 value = raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1")
@@ -104,6 +128,6 @@ def load(store: QSettings) -> AppSettings:
 
 def save(store: QSettings, settings: AppSettings) -> None:
     for name, value in asdict(settings).items():
-        store.setValue(name, value)
+        store.setValue(_STORED_AS.get(name, name), value)
     store.setValue("version", SETTINGS_VERSION)
     store.sync()

@@ -4,7 +4,10 @@
 
 Runs against a throw-away data folder and settings file (never the user's), the generated demo model
 on the CPU, and a scripted telemetry source showing three CMP 100-210 cards (card 2 running hot, so
-an alert shows). The 27B sheet prices the released Qwen3.5-27B shape from its config, no file needed.
+an alert shows). The 27B and 9B sheets price the released shapes from their configs, no file needed.
+Also drawn: the dark theme with an open thinking block, an image refused by the text-only demo model,
+a long prompt's "processing prompt N / M tokens" phase (a real prefill, caught mid-way) and the
+"Connect to rig" dialog. The keyring is the null one, so no real key is read.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from pathlib import Path
 DATA = tempfile.mkdtemp(prefix="rigllm-shots-")
 os.environ["RIGLLM_DATA_DIR"] = DATA
 os.environ["XDG_CONFIG_HOME"] = os.path.join(DATA, "config")
+os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.null.Keyring"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from PySide6.QtCore import QEventLoop, QSettings, QTimer  # noqa: E402
+from PySide6.QtCore import QEventLoop, QMimeData, QSettings, QTimer, QUrl  # noqa: E402
+from PySide6.QtGui import QColor, QImage  # noqa: E402
 from PySide6.QtWidgets import QApplication, QWidget  # noqa: E402
 
 from engine.model.load_progress import LoadProgress  # noqa: E402
@@ -58,11 +63,38 @@ def wait_for(condition, timeout_ms: int = 60000) -> None:
         waited += 50
 
 
-def shot(widget: QWidget, out: Path, name: str) -> None:
-    wait(300)
+def shot(widget: QWidget, out: Path, name: str, settle_ms: int = 300) -> None:
+    wait(settle_ms)
     path = out / f"{name}.png"
     widget.grab().save(str(path))
     print(path)
+
+
+def prompt_phase(window: MainWindow, out: Path) -> None:
+    """Send a long prompt and draw the window while its prefill is part way (the phase label's own text)."""
+    window.conversations.new_chat()
+    window.chat.send("Summarize this log. " + "card 0 uploaded a layer; " * 150, [])
+    if window.chat.stream is None:
+        raise SystemExit(f"screenshots: the long prompt was not answered: {window.chat.context_label.text()}")
+    label = window.chat.stream.widget.status_label
+    wait_for(lambda: window.chat.stream is None or (label.text().startswith("processing prompt")
+                                                     and "tokens/s" in label.text()), timeout_ms=60000)
+    shot(window, out, "prompt_progress", settle_ms=0)
+    wait_for(lambda: window.chat.stream is None)
+
+
+def image_refusal(window: MainWindow, out: Path) -> None:
+    """Drop an image on the text-only demo model: refused at once, with the reason, nothing stored."""
+    picture = Path(DATA) / "photo.png"
+    image = QImage(64, 48, QImage.Format_RGB32)
+    image.fill(QColor("#3b6fd8"))
+    image.save(str(picture))
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(picture))])
+    window.conversations.new_chat()
+    window.chat.composer.text.setPlainText("What is in this picture?")
+    window.chat.composer.add_from_mime(mime)
+    shot(window, out, "image_refused_text_only")
 
 
 def main(out: Path) -> int:
@@ -87,6 +119,19 @@ def main(out: Path) -> int:
     shot(window, out, "main_window")
     window.conversations.list.setCurrentRow(0)
     shot(window, out, "main_window_demo_answer")
+    image_refusal(window, out)
+    prompt_phase(window, out)
+
+    window.apply_settings(dataclasses.replace(window.settings, theme="dark"))
+    window.conversations.refresh(select=cid)
+    window.chat.show_conversation(cid)
+    window.chat.widgets[1].thinking_toggle.setChecked(True)
+    shot(window, out, "main_window_dark_thinking")
+    dialog = window.open_connect_dialog()
+    dialog.host.setText("rig.local")
+    shot(dialog, out, "connect_dialog_dark")
+    dialog.close()
+    window.apply_settings(dataclasses.replace(window.settings, theme="system"))
 
     sheet = window.open_load_sheet()
     wait_for(lambda: sheet.inspected is not None)
@@ -103,6 +148,11 @@ def main(out: Path) -> int:
     for card, done in ((0, 9.1e9), (1, 6.2e9), (2, 2.0e9)):
         sheet._progress(LoadProgress(card, "uploading weights", int(done), int(9.6e9), done / 2.4e8))
     shot(sheet, out, "load_sheet_progress")
+    sheet.progress_box.setVisible(False)
+    nine = dataclasses.replace(sheet.inspected, footprint=footprint_for(shape_config("9b")))
+    sheet.show_model(nine)
+    sheet.model_label.setText("<b>Qwen3.5-9B shape</b> (priced from its config for this screenshot; no file)")
+    shot(sheet, out, "load_sheet_9b_one_card")
     sheet.close()
 
     window.tabs.setCurrentWidget(window.rig)

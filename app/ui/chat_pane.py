@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QCheckBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QScrollArea, QVBoxLayout,
+                               QWidget)
 
 from engine.errors import RigllmError
 from engine.generation.output_parser import ContentDelta, ReasoningDelta, ToolCall
-from engine.generation.serving.generation_job import Finished
+from engine.generation.serving.generation_job import Finished, Progress
 from engine.generation.serving.worker import Unavailable
 
 from app.chat_engine import ChatEngine, ImageInputError
@@ -29,7 +30,10 @@ from app.chat_records import COMPLETE, FAILED, STOPPED, STREAMING, Attachment, M
 from app.chat_store import ChatStore
 from app.remote_engine import RemoteChatEngine
 from app.settings import AppSettings
+from app.theme import set_style
+from app.ui.capability_chips import CapabilityChips
 from app.ui.composer import Composer
+from app.ui.follow_scroll import FollowScroll
 from app.ui.message_widget import MessageWidget
 
 SAVE_INTERVAL = 0.5
@@ -39,6 +43,11 @@ WARN_FRACTION = 0.8  # the meter warns once the prompt takes this much of the co
 SUMMARY_REQUEST = "Summarize the conversation so far in a few sentences."
 SUMMARY_TOKENS = 256
 SUMMARY_PREFIX = "Summary of an earlier conversation, which this chat continues:\n\n"
+
+
+def chat_title(text: str) -> str:
+    """A chat's title from its first message: one line (its whitespace collapsed), at most TITLE_LENGTH."""
+    return " ".join(text.split())[:TITLE_LENGTH] or "Images"
 
 
 class _Stream:
@@ -52,6 +61,42 @@ class _Stream:
         self.first_piece: float | None = None
         self.reasoning_started: float | None = None
         self.saved = 0.0
+        self.progress: Progress | None = None  # the engine's last report (local engines)
+        self.first_token_seconds: float | None = None  # Progress.seconds when the first token was reported
+        self.prompt_rate: float | None = None  # prompt tokens/s the prefill ran at (tokens not from a kept state)
+
+    def take(self, p: Progress) -> None:
+        """Keep a Progress report and what it says about the prompt phase."""
+        self.progress = p
+        if p.generated and self.first_token_seconds is None:
+            self.first_token_seconds = p.seconds
+        prefilled = p.prompt_done - p.cached_tokens
+        if prefilled > 0 and p.seconds > 0 and self.first_token_seconds is None:
+            self.prompt_rate = prefilled / p.seconds
+
+    def phase(self) -> str:
+        """"processing prompt N / M tokens" while the prompt is prefilled, then the generation's count."""
+        p = self.progress
+        if p is None:
+            return "processing the prompt..." if self.first_piece is None else "generating..."
+        if not p.generated:
+            rate = f" · {self.prompt_rate:.0f} tokens/s" if self.prompt_rate else ""
+            kept = f" ({p.cached_tokens} kept from before)" if p.cached_tokens else ""
+            return f"processing prompt {p.prompt_done} / {p.prompt_tokens} tokens{kept}{rate}"
+        return f"generating... {p.generated} tokens"
+
+    def stopped_stats(self) -> dict[str, float]:
+        """The speed stats an answer stopped before its `Finished` still has (from the engine's reports)."""
+        p, stats = self.progress, {}
+        if p is None or not p.generated:
+            return stats
+        stats["tokens"] = p.generated
+        if self.prompt_rate:
+            stats["prompt_tokens_per_second"] = self.prompt_rate
+        decode = p.seconds - (self.first_token_seconds or p.seconds)
+        if p.generated > 1 and decode > 0:
+            stats["tokens_per_second"] = (p.generated - 1) / decode
+        return stats
 
 
 class _Summary:
@@ -66,6 +111,8 @@ class ChatPane(QWidget):
     conversations_changed = Signal()
     answer_speed = Signal(float)  # tokens/s of the last finished answer (for the rig monitor)
     notice = Signal(str)  # one-line messages for the status bar
+    context_changed = Signal(int, int)  # tokens this chat's prompt takes, the context (-1 used: not known)
+    raw_prompt_toggled = Signal(bool)
 
     def __init__(self, store: ChatStore, settings: Callable[[], AppSettings], parent: QWidget | None = None):
         super().__init__(parent)
@@ -79,11 +126,22 @@ class ChatPane(QWidget):
         self.skip = 0
         self._editing: Message | None = None
         self.summary: _Summary | None = None
+        self.context_used = -1  # the one context count the meter and the status line show
+        self._remote_used = -1  # a rig's engine counts no tokens here: its last answer's usage
 
         layout = QVBoxLayout(self)
+        header = QHBoxLayout()
+        self.chips = CapabilityChips()
+        self.raw_prompt = QCheckBox("Raw prompt")
+        self.raw_prompt.setToolTip("No chat template: the conversation's text goes to the model as written, and the "
+                                   "answer continues it (for base models and the trained fixtures)")
+        self.raw_prompt.toggled.connect(self.raw_prompt_toggled.emit)
+        header.addWidget(self.chips, 1)
+        header.addWidget(self.raw_prompt)
+        layout.addLayout(header)
         self.banner = QLabel()
         self.banner.setWordWrap(True)
-        self.banner.setStyleSheet("background: #fff3cd; color: #664d03; padding: 4px")
+        set_style(self.banner, "banner", "padding: 4px;")
         layout.addWidget(self.banner)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
@@ -91,6 +149,7 @@ class ChatPane(QWidget):
         self.column = QVBoxLayout(self.container)
         self.column.addStretch(1)
         self.scroll.setWidget(self.container)
+        self.follower = FollowScroll(self.scroll)
         layout.addWidget(self.scroll, 1)
         meter_row = QWidget()
         meter = QHBoxLayout(meter_row)
@@ -99,7 +158,7 @@ class ChatPane(QWidget):
         self.context_meter.setFormat("context: %v of %m tokens (%p%)")
         self.context_meter.setToolTip("How much of the model's context this chat's prompt takes")
         self.context_warning = QLabel()
-        self.context_warning.setStyleSheet("color: #b35900")
+        set_style(self.context_warning, "warning")
         self.context_warning.setWordWrap(True)
         meter.addWidget(self.context_meter, 1)
         meter.addWidget(self.context_warning, 2)
@@ -124,10 +183,26 @@ class ChatPane(QWidget):
         bar.addWidget(self.summary_button)
         self.context_bar.setVisible(False)
         layout.addWidget(self.context_bar)
+        self.edit_bar = QWidget()
+        edit_row = QHBoxLayout(self.edit_bar)
+        edit_row.setContentsMargins(0, 0, 0, 0)
+        self.edit_label = QLabel("Editing a message: sending replaces it and the answers after it")
+        set_style(self.edit_label, "warning")
+        cancel_edit = QPushButton("Cancel editing")
+        cancel_edit.clicked.connect(self.cancel_edit)
+        edit_row.addWidget(self.edit_label, 1)
+        edit_row.addWidget(cancel_edit)
+        self.edit_bar.setVisible(False)
+        layout.addWidget(self.edit_bar)
+        self.input_refusal = QLabel()  # why what the user tried to add or send was refused, next to where they did
+        self.input_refusal.setWordWrap(True)
+        set_style(self.input_refusal, "error")
+        self.input_refusal.setVisible(False)
+        layout.addWidget(self.input_refusal)
         self.composer = Composer()
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
-        self.composer.error.connect(self.notice.emit)
+        self.composer.error.connect(self._refuse_input)
         layout.addWidget(self.composer)
         self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
         self._render_timer.timeout.connect(self._render_stream)
@@ -140,27 +215,43 @@ class ChatPane(QWidget):
             self.engine.piece.disconnect(self._on_piece)
             self.engine.finished.disconnect(self._on_finished)
             self.engine.failed.disconnect(self._on_failed)
+            self.engine.progress.disconnect(self._on_progress)
         self.engine = engine
         if engine is not None:
             engine.piece.connect(self._on_piece)
             engine.finished.connect(self._on_finished)
             engine.failed.connect(self._on_failed)
+            engine.progress.connect(self._on_progress)
         label = engine.info.label if engine else "No model loaded: use Model > Load model..."
         self.banner.setText(label)
         self.banner.setVisible(bool(label))
+        self.chips.show_info(engine.info if engine else None)
+        self.raw_prompt.setVisible(isinstance(engine, ChatEngine))
+        self.raw_prompt.blockSignals(True)
+        self.raw_prompt.setChecked(self._settings().raw_prompt)
+        self.raw_prompt.blockSignals(False)
+        reason = engine.info.no_images_reason if engine else ""
+        self.composer.set_images_allowed(not reason, reason)
+        self.composer.keep_whitespace = self._settings().raw_prompt
+        self._remote_used = -1
         self.update_context_meter()
 
     def update_context_meter(self) -> None:
-        """Show how full the context is (a rig's engine has no local tokenizer: no meter then)."""
+        """Show how full the context is, and tell the status line the same number (a rig's engine has no
+        local tokenizer: no meter then, and the status line shows its last answer's usage)."""
         engine = self.engine
         counts = engine is not None and hasattr(engine, "context_used")
         self.context_meter.setVisible(counts)
         if not counts:
             self.context_warning.setVisible(False)
+            self.context_used = self._remote_used
+            self.context_changed.emit(self.context_used, engine.info.context if engine else 0)
             return
         assert isinstance(engine, ChatEngine)
         total = engine.service.context_length
         used = engine.context_used(self.messages[self.skip:], self._settings())
+        self.context_used = used
+        self.context_changed.emit(used, total)
         self.context_meter.setRange(0, total)
         self.context_meter.setValue(min(used, total))
         if used >= total:
@@ -181,6 +272,8 @@ class ChatPane(QWidget):
             self.engine.stop(self.summary.job_id)
             self.summary = None
         self.conversation_id = conversation_id
+        self.cancel_edit()
+        self._remote_used = -1
         self.skip = 0  # leading messages left out of the prompt (the user chose "Drop oldest turns")
         self.context_bar.setVisible(False)
         self.messages = self.store.messages(conversation_id) if conversation_id is not None else []
@@ -189,6 +282,7 @@ class ChatPane(QWidget):
         self.widgets = []
         for m in self.messages:
             self._add_widget(m)
+        self.follower.follow()  # a chat opens at its latest message
         self._update_regenerate()
         self.update_context_meter()
 
@@ -198,7 +292,6 @@ class ChatPane(QWidget):
         widget.regenerate_requested.connect(self.regenerate)
         self.column.insertWidget(self.column.count() - 1, widget)
         self.widgets.append(widget)
-        QTimer.singleShot(0, lambda: self.scroll.verticalScrollBar().setValue(self.scroll.verticalScrollBar().maximum()))
         return widget
 
     def _update_regenerate(self) -> None:
@@ -212,19 +305,30 @@ class ChatPane(QWidget):
         if self.engine is None:
             self.notice.emit("Load a model first (Model > Load model...)")
             return
+        refusal = self.engine.info.no_images_reason if attachments else ""
+        if refusal:  # refused before it is stored, so the chat never holds a message its model cannot take
+            self._refuse_input(refusal)
+            return
+        self.input_refusal.setVisible(False)
         if self.conversation_id is None:
-            self.conversation_id = self.store.create_conversation(text[:TITLE_LENGTH] or "Images")
+            self.conversation_id = self.store.create_conversation(chat_title(text))
             self.conversations_changed.emit()
         if self._editing is not None:
             self._truncate(self.messages.index(self._editing))
-            self._editing = None
+            self.cancel_edit()
         user = Message("user", text, attachments=attachments)
         self.store.add_message(self.conversation_id, user)
         self.messages.append(user)
         self._add_widget(user)
+        self.follower.follow()  # what the user sends is shown, however far up they had scrolled
         self.composer.clear()
         self._answer()
         self.conversations_changed.emit()
+
+    def _refuse_input(self, message: str) -> None:
+        self.input_refusal.setText(message)
+        self.input_refusal.setVisible(True)
+        self.notice.emit(message)
 
     def regenerate(self) -> None:
         if self.stream is not None or not self.messages or self.messages[-1].role != "assistant":
@@ -240,7 +344,12 @@ class ChatPane(QWidget):
         self.composer.text.setPlainText(message.content)
         for att in message.attachments:
             self.composer.add_attachment(att)
-        self.notice.emit("Editing a message: sending replaces it and the answers after it")
+        self.edit_bar.setVisible(True)
+
+    def cancel_edit(self) -> None:
+        """Leave editing (sending did, or the user chose not to); the composer keeps its text."""
+        self._editing = None
+        self.edit_bar.setVisible(False)
 
     def _truncate(self, keep: int) -> None:
         assert self.conversation_id is not None
@@ -270,6 +379,7 @@ class ChatPane(QWidget):
         self.store.add_message(self.conversation_id, answer)
         self.messages.append(answer)
         self.stream = _Stream(job_id, answer, self._add_widget(answer))
+        self.stream.widget.set_phase(self.stream.phase())
         self.composer.set_generating(True)
         self._update_regenerate()
 
@@ -291,7 +401,7 @@ class ChatPane(QWidget):
         self._truncate(len(self.messages) - 1)
         self.show_conversation(None)
         if summary:
-            self.conversation_id = self.store.create_conversation(last.content[:TITLE_LENGTH] or "Images")
+            self.conversation_id = self.store.create_conversation(chat_title(last.content))
             system = Message("system", SUMMARY_PREFIX + summary)
             self.store.add_message(self.conversation_id, system)
             self.messages.append(system)
@@ -339,6 +449,7 @@ class ChatPane(QWidget):
         if self.stream is None or self.engine is None:
             return
         self.engine.stop(self.stream.job_id)
+        self.stream.message.stats.update(self.stream.stopped_stats())
         self._end(STOPPED)
 
     # streaming
@@ -371,8 +482,17 @@ class ChatPane(QWidget):
         if not self._render_timer.isActive():
             self._render_timer.start()
 
+    def _on_progress(self, job_id: int, progress: Progress) -> None:
+        stream = self.stream
+        if stream is None or job_id != stream.job_id:
+            return
+        stream.take(progress)
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
     def _render_stream(self) -> None:
         if self.stream is not None:
+            self.stream.widget.set_phase(self.stream.phase())
             self.stream.widget.refresh()
 
     def _on_finished(self, job_id: int, result: Finished) -> None:
@@ -386,6 +506,11 @@ class ChatPane(QWidget):
         if m.reasoning and m.reasoning_seconds is None:
             m.reasoning_seconds = result.prefill_seconds + result.decode_seconds
         m.stats["tokens"] = result.completion_tokens
+        prefilled = result.prompt_tokens - result.cached_tokens
+        if prefilled > 0 and result.prefill_seconds > 0:
+            m.stats["prompt_tokens_per_second"] = prefilled / result.prefill_seconds
+        if not isinstance(self.engine, ChatEngine):  # a rig's answer: its usage is the count the status line shows
+            self._remote_used = result.prompt_tokens + result.completion_tokens
         if result.draft_tokens:
             m.stats["draft_acceptance"] = result.accepted_draft_tokens / result.draft_tokens
         if result.decode_seconds > 0 and result.completion_tokens > 1:
@@ -408,7 +533,10 @@ class ChatPane(QWidget):
         assert stream is not None
         self.stream = None
         stream.message.status = status
+        if self.engine is not None:
+            stream.message.stats["cards"] = ",".join(map(str, self.engine.info.cards)) or "CPU"
         self.store.update_message(stream.message)
+        stream.widget.set_phase("")
         stream.widget.refresh()
         self.composer.set_generating(False)
         self._update_regenerate()

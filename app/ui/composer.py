@@ -110,6 +110,8 @@ class Composer(QWidget):
         row.addWidget(self.send_button)
         layout.addLayout(row)
         self._generating = False
+        self.keep_whitespace = False  # raw prompt mode sends the text exactly as typed
+        self.images_refused = ""  # why the loaded model takes no images ("" when it does)
 
     def set_generating(self, generating: bool) -> None:
         """While an answer streams the Send button is a Stop button."""
@@ -122,11 +124,17 @@ class Composer(QWidget):
         else:
             self._send()
 
+    def set_images_allowed(self, allowed: bool, reason: str = "") -> None:
+        """Attaching is off for a model that takes no images; the button's tooltip says why."""
+        self.images_refused = "" if allowed else reason
+        self.attach_button.setEnabled(allowed)
+        self.attach_button.setToolTip("Attach images for the model to look at" if allowed else reason)
+
     def _send(self) -> None:
-        text = self.text.toPlainText().strip()
-        if self._generating or not (text or self.attachments):
+        typed = self.text.toPlainText()
+        if self._generating or not (typed.strip() or self.attachments):
             return
-        self.send_requested.emit(text, list(self.attachments))
+        self.send_requested.emit(typed if self.keep_whitespace else typed.strip(), list(self.attachments))
 
     def clear(self) -> None:
         self.text.clear()
@@ -163,6 +171,9 @@ class Composer(QWidget):
             self.thumbs.insertWidget(i, box)
 
     def add_from_mime(self, mime: QMimeData) -> None:
+        if self.images_refused:
+            self.error.emit(self.images_refused)
+            return
         found, errors = attachments_from_mime(mime)
         for att in found:
             self.add_attachment(att)

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout
 from engine.errors import RigllmError
 
 from app.rig_client import RigLink, store_rig_key, stored_rig_key
+from app.theme import set_style
 
 
 class ConnectDialog(QDialog):
@@ -36,7 +37,7 @@ class ConnectDialog(QDialog):
         form.addRow("", self.remember)
         layout.addLayout(form)
         self.error = QLabel()
-        self.error.setStyleSheet("color: #b00020")
+        set_style(self.error, "error")
         self.error.setWordWrap(True)
         layout.addWidget(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)

@@ -23,6 +23,8 @@ class ConversationList(QWidget):
         self.search.textChanged.connect(lambda _t: self.refresh())
         layout.addWidget(self.search)
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.ElideRight)  # a long title ends in "...", the list never scrolls sideways
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.currentItemChanged.connect(self._current_changed)
         layout.addWidget(self.list, 1)
         row = QHBoxLayout()
@@ -46,7 +48,7 @@ class ConversationList(QWidget):
         self.list.blockSignals(True)
         self.list.clear()
         for conv in self.store.conversations(self.search.text()):
-            item = QListWidgetItem(conv.title)
+            item = QListWidgetItem(" ".join(conv.title.split()))  # one row, also for titles stored with newlines
             item.setData(Qt.UserRole, conv.id)
             self.list.addItem(item)
             if conv.id == keep:
@@ -64,7 +66,7 @@ class ConversationList(QWidget):
             return
         title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.list.currentItem().text())
         if ok and title.strip():
-            self.store.rename(cid, title.strip())
+            self.store.rename(cid, " ".join(title.split()))
             self.refresh()
 
     def delete_current(self) -> None:

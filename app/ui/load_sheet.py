@@ -17,7 +17,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDialog, QFileDialog, QGridLayout, QGroupBox, QHBoxLayout, QInputDialog,
                                QLabel, QLineEdit, QListWidget, QListWidgetItem, QPlainTextEdit, QProgressBar, QPushButton,
-                               QSlider, QSpinBox, QVBoxLayout, QWidget)
+                               QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.backends import BACKEND_CHOICES
 from engine.model.kv_formats import CODECS_BY_BITS, kv_format, kv_format_for_bits
@@ -30,10 +30,13 @@ from engine.vision.mmproj_pairing import paired_vision_config
 from engine.telemetry import CardSample
 from engine.vision.device_footprint import with_tower
 
-from app.budget import CONTEXT_STEP, Budget, Fix, budget, max_context, profile_of
+from app.budget import (CONTEXT_STEP, Budget, Fix, budget, cpu_budget, fewest_cards, max_context, profile_of,
+                        read_host_memory)
 from app.model_loader import LoadRequest, ModelLoader
+from app.model_profiles import ModelProfiles
 from app.remote_loader import RemoteModelLoader
 from app.rig_client import RigLink
+from app.theme import set_style, span
 from app.ui.budget_bars import BudgetBars, legend
 
 DEFAULT_CONTEXT = 32768
@@ -52,14 +55,18 @@ class Inspected:
     name: str
     footprint: Footprint
     vision: str  # what the sheet says about a vision projector
+    host_weight_bytes: int = 0  # the weights as the CPU reference backend holds them (fp32); 0: not known (a rig's)
 
 
 def inspect_local(path: PurePath | None) -> Inspected:
     loaded = load_model(path or ensure_demo_model())
     mmproj = find_mmproj(loaded.path) if path else None
     tower = paired_vision_config(loaded.path, loaded.config.d_model) if path else None
-    return Inspected(path, loaded.file.fields.get("general.name", loaded.path.stem),
-                     with_tower(footprint_of(loaded), tower), mmproj.name if mmproj else "none found")
+    # a file is named by its file name, as everywhere else in the app (a converter's `general.name` can be a
+    # folder's, e.g. "Hf"); the generated demo model by the name that says what it is
+    name = loaded.path.stem if path else loaded.file.fields.get("general.name", loaded.path.stem)
+    fp32 = 4 * sum(t.n_elements for t in loaded.file.tensors.values())
+    return Inspected(path, name, with_tower(footprint_of(loaded), tower), mmproj.name if mmproj else "none found", fp32)
 
 
 def rig_inspector(link: RigLink) -> Callable[[PurePath | None], Inspected]:
@@ -80,7 +87,7 @@ class _Inspector(QObject):
     """Validates a file and prices it off the GUI thread."""
 
     done = Signal(object)  # Inspected
-    failed = Signal(str)
+    failed = Signal(object, str)  # the path inspected, the message
 
     def __init__(self, inspect: Callable[[PurePath | None], Inspected]):
         super().__init__()
@@ -91,7 +98,7 @@ class _Inspector(QObject):
             try:
                 self.done.emit(self._inspect(path))
             except Exception as err:  # the sheet shows the validator's (or the rig's) message
-                self.failed.emit(str(err))
+                self.failed.emit(path, str(err))
 
         threading.Thread(target=work, name="rigllm-inspect", daemon=True).start()
 
@@ -122,8 +129,10 @@ class LoadSheet(QDialog):
     """
 
     def __init__(self, cards: list[CardSample], loader: ModelLoader | RemoteModelLoader, gpu_note: str | None = None,
-                 parent: QWidget | None = None, rig: RigLink | None = None):
+                 parent: QWidget | None = None, rig: RigLink | None = None, profiles: ModelProfiles | None = None):
         super().__init__(parent)
+        self.profiles = profiles
+        self.cards_by_user = False  # the user ticked cards (or a profile did): no more automatic choice
         self.setWindowTitle("Load model" if rig is None else f"Load model on rig {rig.name}")
         self.cards = cards
         self.loader = loader
@@ -132,7 +141,8 @@ class LoadSheet(QDialog):
         self.current: Budget | None = None
         self.rows: dict[int, _ProgressRow] = {}
         self._inspector = _Inspector(inspect_local if rig is None else rig_inspector(rig))
-        self._inspector.done.connect(self.show_model)
+        self._chosen: PurePath | None = None  # the file the latest choice asked for
+        self._inspector.done.connect(self._inspected)
         self._inspector.failed.connect(self._inspect_failed)
         layout = QVBoxLayout(self)
 
@@ -158,6 +168,7 @@ class LoadSheet(QDialog):
         form.addWidget(QLabel("Backend:"))
         self.backend = QComboBox()
         self.backend.addItems(BACKEND_CHOICES)
+        self.backend.currentIndexChanged.connect(lambda _i: self.recompute())
         form.addWidget(self.backend)
         form.addWidget(QLabel("Cards (PCI bus order):"))
         self.card_list = QListWidget()
@@ -169,8 +180,13 @@ class LoadSheet(QDialog):
             item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
             item.setCheckState(Qt.Checked)
             self.card_list.addItem(item)
-        self.card_list.itemChanged.connect(lambda _i: self.recompute())
+        self.card_list.itemChanged.connect(self._cards_ticked)
         form.addWidget(self.card_list)
+        self.card_reason = QLabel()
+        self.card_reason.setWordWrap(True)
+        self.card_reason.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        set_style(self.card_reason, "muted")
+        form.addWidget(self.card_reason)
         if not cards:
             note = QLabel(gpu_note or "no NVIDIA GPU found")
             note.setWordWrap(True)
@@ -197,11 +213,13 @@ class LoadSheet(QDialog):
         for label, box in (("K", self.k_bits), ("V", self.v_bits)):
             for bits in CODECS_BY_BITS:
                 box.addItem(f"{bits}-bit", bits)
-            box.currentIndexChanged.connect(lambda _i: self.recompute())
+            box.currentIndexChanged.connect(lambda _i: self._setting_changed())
             kv_row.addWidget(QLabel(label))
             kv_row.addWidget(box)
         self.kv_hint = QLabel()
-        self.kv_hint.setStyleSheet("color: gray")
+        self.kv_hint.setWordWrap(True)
+        self.kv_hint.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # its text never widens the sheet
+        set_style(self.kv_hint, "muted")
         kv_row.addWidget(self.kv_hint, 1)
         form.addLayout(kv_row)
         form.addWidget(QLabel("Layers per card:"))
@@ -224,7 +242,7 @@ class LoadSheet(QDialog):
         budget_box.addLayout(self.fix_row)
         self.notes = QLabel()
         self.notes.setWordWrap(True)
-        self.notes.setStyleSheet("color: gray")
+        set_style(self.notes, "muted")
         budget_box.addWidget(self.notes)
         budget_box.addStretch(1)
         columns.addWidget(right, 4)
@@ -281,7 +299,12 @@ class LoadSheet(QDialog):
         self.path_edit.setText("" if path is None else str(path))
         self.model_label.setText("reading the model...")
         self.load_button.setEnabled(False)
+        self._chosen = path
         self._inspector.inspect(path)
+
+    def _inspected(self, result: Inspected) -> None:
+        if result.path == self._chosen:  # a slower inspection of an earlier choice must not replace this one
+            self.show_model(result)
 
     def show_model(self, result: Inspected) -> None:
         """Price `result` on the cards (the inspector calls it; the screenshot script passes a 27B shape)."""
@@ -294,14 +317,62 @@ class LoadSheet(QDialog):
             f"file {format_bytes(result.footprint.file_bytes)} · trained context {cfg.context_length} · "
             f"vision projector: {result.vision}")
         steps = max(1, cfg.context_length // CONTEXT_STEP)
+        longest = cfg.context_length if cfg.context_length < CONTEXT_STEP else steps * CONTEXT_STEP
         self.context_slider.setMaximum(steps)
-        self.context_spin.setMaximum(steps * CONTEXT_STEP)
-        self.context_spin.setValue(min(DEFAULT_CONTEXT, steps * CONTEXT_STEP))
+        self.context_spin.blockSignals(True)
+        self.context_spin.setRange(min(CONTEXT_STEP, longest), longest)  # a small model's whole trained length
+        self.context_spin.setValue(min(DEFAULT_CONTEXT, longest))
+        self.context_spin.blockSignals(False)
+        self._context_changed(self.context_spin.value())
+        if not self._restore_profile(result):
+            self.cards_by_user = False
+            self._pick_cards()
         self.recompute()
 
-    def _inspect_failed(self, message: str) -> None:
+    def _restore_profile(self, result: Inspected) -> bool:
+        """Set the sheet as this model was last loaded (its profile); False when it has none."""
+        profile = self.profiles.get(str(result.path)) if self.profiles is not None and result.path else None
+        if profile is None:
+            return False
+        self.backend.setCurrentText(profile.backend)
+        if profile.context:
+            self.context_spin.setValue(min(profile.context, self.context_spin.maximum()))
+        self.set_kv(profile.kv_format)
+        if all(0 <= i < len(self.cards) for i in profile.cards):
+            self._check_cards(list(profile.cards))
+            self.card_reason.setText("as this model was last loaded")
+            self.cards_by_user = True
+        self.split_edit.setText(",".join(map(str, profile.split)) if profile.split else "")
+        return True
+
+    def _check_cards(self, chosen: list[int]) -> None:
+        self.card_list.blockSignals(True)
+        for i in range(self.card_list.count()):
+            self.card_list.item(i).setCheckState(Qt.Checked if i in chosen else Qt.Unchecked)
+        self.card_list.blockSignals(False)
+
+    def _pick_cards(self) -> None:
+        """Tick the fewest cards that hold the model at the chosen context and KV, and say why."""
+        if self.inspected is None or not self.cards or self.cards_by_user:
+            return
+        chosen, reason = fewest_cards(self.inspected.footprint, self.cards, self.context, self.kv_name)
+        self._check_cards(chosen)
+        self.card_reason.setText(reason)
+
+    def _cards_ticked(self, _item) -> None:
+        self.cards_by_user = True
+        self.card_reason.setText("")
+        self.recompute()
+
+    def _setting_changed(self) -> None:
+        self._pick_cards()
+        self.recompute()
+
+    def _inspect_failed(self, path: PurePath | None, message: str) -> None:
+        if path != self._chosen:
+            return
         self.inspected = None
-        self.model_label.setText(f"<span style='color:#b00020'>{message}</span>")
+        self.model_label.setText(span(message, "error"))
         self.load_button.setEnabled(False)
         self.anyway_button.setEnabled(False)
 
@@ -342,18 +413,25 @@ class LoadSheet(QDialog):
         self.context_slider.blockSignals(True)
         self.context_slider.setValue(value // CONTEXT_STEP)
         self.context_slider.blockSignals(False)
-        self.recompute()
+        self._setting_changed()
+
+    def priced_backend(self) -> str:
+        """The backend that will run the model: the CUDA one on chosen cards unless the reference is picked."""
+        return "reference" if self.backend.currentText() == "reference" or not self.chosen_cards() else "cuda"
 
     def recompute(self) -> None:
         if self.inspected is None:
             return
-        result = budget(self.inspected.footprint, self.cards, self.chosen_cards(), self.context, self.kv_name,
-                        self.split)
+        if not self.chosen_cards() and self.inspected.host_weight_bytes:
+            result = cpu_budget(self.inspected.footprint, self.inspected.host_weight_bytes, read_host_memory(),
+                                self.context, self.kv_name)
+        else:
+            result = budget(self.inspected.footprint, self.cards, self.chosen_cards(), self.context, self.kv_name,
+                            self.split, self.priced_backend())
         self.current = result
         self.kv_hint.setText(kv_format(self.kv_name).description)
         self.bars.show_cards(result.cards)
-        colour = "#1b5e20" if result.fits else "#b00020"
-        self.verdict.setText(f"<span style='color:{colour}'><b>{result.summary}</b></span>")
+        self.verdict.setText(span(result.summary, "ok" if result.fits else "error", bold=True))
         while self.fix_row.count():
             self.fix_row.takeAt(0).widget().deleteLater()
         for fix in result.fixes:
@@ -372,7 +450,7 @@ class LoadSheet(QDialog):
         if fix.context is not None:
             self.context_spin.setValue(fix.context)
         if fix.add_card is not None:
-            self.card_list.item(fix.add_card).setCheckState(Qt.Checked)
+            self.card_list.item(fix.add_card).setCheckState(Qt.Checked)  # the user's choice from here on
 
     def fit_max(self) -> None:
         if self.inspected is None:

@@ -16,20 +16,20 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QPushButton,
                                QSplitter, QTabWidget)
 
-from engine.generation.serving.generation_job import Finished
 from engine.telemetry import RigSnapshot, TelemetrySource
 
 from app import chat_export, settings as settings_io
 from app.chat_engine import ChatEngine
 from app.chat_store import ChatStore
 from app.model_loader import LoadRequest, ModelLoader
+from app.model_profiles import DEMO, ModelProfile, ModelProfiles, chat_part
 from app.monitor_service import POLL_MS, MonitorService
 from app.remote_engine import RemoteChatEngine
 from app.remote_loader import RemoteModelLoader
 from app.remote_telemetry import RemoteTelemetry
 from app.rig_client import RigLink
 from app.settings import AppSettings
-from app.theme import apply_theme
+from app.theme import apply_theme, span
 from app.ui.api_panel import ApiPanel
 from app.ui.chat_pane import ChatPane
 from app.ui.connect_dialog import ConnectDialog
@@ -48,6 +48,8 @@ class MainWindow(QMainWindow):
         self.store = store
         self.qsettings = qsettings
         self.settings: AppSettings = settings_io.load(qsettings)
+        self.profiles = ModelProfiles(qsettings)
+        self._restore_api = False  # set at start when the API server was on as the app last closed
         apply_theme(QApplication.instance(), self.settings.theme)
         self.engine: ChatEngine | RemoteChatEngine | None = None
         self.snapshot: RigSnapshot | None = None
@@ -56,6 +58,7 @@ class MainWindow(QMainWindow):
         self.loader.loaded.connect(self._loaded)
         self.loader.failed.connect(self._load_failed)
         self.rig_link: RigLink | None = None  # set while connected to a rig
+        self._pending_rig: tuple[RigLink, RemoteModelLoader] | None = None  # asked to connect, not answered yet
         self.remote_monitor: MonitorService | None = None
         self._poll_ms = poll_ms
 
@@ -79,6 +82,8 @@ class MainWindow(QMainWindow):
         self.chat.conversations_changed.connect(lambda: self.conversations.refresh(self.chat.conversation_id))
         self.chat.notice.connect(self.notify)
         self.chat.answer_speed.connect(self.rig.set_speed)
+        self.chat.context_changed.connect(self._context_changed)
+        self.chat.raw_prompt_toggled.connect(self._raw_prompt_toggled)
         self.rig.alert.connect(self.notify)
         self.api.notice.connect(self.notify)
 
@@ -91,7 +96,7 @@ class MainWindow(QMainWindow):
         self._undo: tuple[int, str] | None = None
         self._undo_timer = QTimer(self, singleShot=True, interval=UNDO_SECONDS * 1000)
         self._undo_timer.timeout.connect(lambda: self.undo_button.setVisible(False))
-        self._context_used = 0
+        self._context_used = -1  # the chat pane's count (its meter shows the same)
         self._start_pending = False
         self._build_menus()
 
@@ -126,8 +131,13 @@ class MainWindow(QMainWindow):
     # model
 
     def start(self, path: Path | None) -> None:
-        """At launch: load `path`; with no path, the demo model on the CPU when the first rig reading
+        """At launch: load `path`; with no path, the model loaded when the app last closed (with its profile,
+        and the API server as it was); failing that, the demo model on the CPU when the first rig reading
         finds no GPU, else the loading sheet (decided when that reading arrives, off the GUI thread)."""
+        self._restore_api = self.profiles.api_server_on
+        last = self.profiles.last_model
+        if path is None and last and Path(last).is_file():
+            path = Path(last)
         if path is not None:
             self.start_default_model(path)
         else:
@@ -136,14 +146,27 @@ class MainWindow(QMainWindow):
     def start_default_model(self, path: Path | None) -> None:
         """Load `path` (or the demo model on the CPU when there is no GPU and no path) without the sheet."""
         self.notify("loading the demo model (CPU reference backend)..." if path is None else f"loading {path}...")
-        self.loader.load(LoadRequest(path, "auto", None, "f16", ()))
+        profile = self.profiles.get(DEMO if path is None else str(path)) or ModelProfile()
+        self.loader.load(LoadRequest(path, profile.backend, profile.context, profile.kv_format, profile.cards,
+                                     profile.split))
 
     def open_load_sheet(self) -> LoadSheet:
         cards = list(self.snapshot.cards) if self.snapshot else []
-        sheet = LoadSheet(cards, self.loader, self.snapshot.error if self.snapshot else None, self, self.rig_link)
+        sheet = LoadSheet(cards, self.loader, self.snapshot.error if self.snapshot else None, self, self.rig_link,
+                          profiles=self.profiles if self.rig_link is None else None)
         sheet.setAttribute(Qt.WA_DeleteOnClose)
         sheet.show()
         return sheet
+
+    def open_from_other_launch(self, model: str) -> None:
+        """A second launch of the app: come to the front, and open the GGUF it was given in the sheet."""
+        self.showNormal()
+        self.raise_()
+        self.activateWindow()
+        if model and self.rig_link is not None:
+            self.notify(f"disconnect from rig {self.rig_link.name} to open {Path(model).name} on this computer")
+        elif model:
+            self.open_load_sheet().choose(Path(model))
 
     def unload_model(self) -> None:
         """Close the model; on a rig, also unload it there (freeing the rig's cards)."""
@@ -154,18 +177,34 @@ class MainWindow(QMainWindow):
     def set_engine(self, engine: ChatEngine | RemoteChatEngine | None) -> None:
         if engine is self.engine:
             return
+        if isinstance(engine, ChatEngine):
+            self._adopt_profile(engine)
         old, self.engine = self.engine, engine
         self.api.set_engine(engine if isinstance(engine, ChatEngine) else None)  # a rig serves its own API
         self.chat.set_engine(engine)
         if old is not None:
             old.close()
-        if engine is not None:
-            engine.finished.connect(self._answer_finished)
         self.rig.set_model(engine.info.cards if engine else ())
-        self._context_used = 0
         self.update_status()
         if engine is not None:
             self.notify(f"{engine.info.name} ready on the {engine.info.backend} backend")
+        if isinstance(engine, ChatEngine) and self._restore_api:
+            self._restore_api = False
+            self.api.toggle.setChecked(True)
+
+    def _adopt_profile(self, engine: ChatEngine) -> None:
+        """Restore the model's chat settings (a file without its own chat template starts in raw prompt
+        mode), and remember how it was loaded and that it is the one to reopen after a restart."""
+        i = engine.info
+        known = self.profiles.get(i.path)
+        if known is not None and known.chat:
+            settings = known.with_chat(self.settings)
+        else:
+            settings = replace(self.settings, raw_prompt=not i.chat_template)
+        self.profiles.put(i.path, ModelProfile(i.backend, i.cards, i.split, i.context, i.kv_format, chat_part(settings)))
+        self.profiles.last_model = i.path
+        self.settings = settings
+        settings_io.save(self.qsettings, settings)
 
     # rig
 
@@ -177,15 +216,28 @@ class MainWindow(QMainWindow):
         return dialog
 
     def connect_rig(self, link: RigLink) -> None:
-        """Chat, load and monitor on `link`'s rig instead of this computer (the local model is closed)."""
+        """Chat, load and monitor on `link`'s rig instead of this computer. The local model is closed only
+        once the rig has answered: a wrong address or key leaves this computer as it was."""
+        if self._pending_rig is not None:
+            self._pending_rig[1].shutdown()
+        remote = RemoteModelLoader(link)
+        remote.notice.connect(self.notify)
+        remote.unreachable.connect(self._rig_unreachable)
+        remote.reachable.connect(self._rig_reachable)
+        self._pending_rig = (link, remote)
+        self.notify(f"connecting to rig {link.name}...")
+        remote.check()
+
+    def _rig_reachable(self) -> None:
+        if self._pending_rig is None or self.sender() is not self._pending_rig[1]:
+            return
+        link, remote = self._pending_rig
+        self._pending_rig = None
         self.disconnect_rig()
         self._start_pending = False  # the demo-model start is for this computer only
         self.set_engine(None)
         self.apply_settings(replace(self.settings, rig_host=link.host, rig_port=link.port))
         self.rig_link = link
-        remote = RemoteModelLoader(link)
-        remote.notice.connect(self.notify)
-        remote.unreachable.connect(self._rig_unreachable)
         self._use_loader(remote)
         self.monitor.snapshot.disconnect(self._snapshot)
         self.snapshot = None
@@ -223,7 +275,12 @@ class MainWindow(QMainWindow):
         loader.failed.connect(self._load_failed)
 
     def _rig_unreachable(self, message: str) -> None:
-        self.disconnect_rig()
+        if self._pending_rig is not None and self.sender() is self._pending_rig[1]:
+            pending = self._pending_rig[1]
+            pending.shutdown()  # never connected: the local model and monitor stay as they were
+            self._pending_rig = None
+        elif self.sender() is self.loader:
+            self.disconnect_rig()
         self.notify(f"could not connect: {message}")
 
     def _loaded(self, engine: ChatEngine | RemoteChatEngine) -> None:
@@ -235,9 +292,14 @@ class MainWindow(QMainWindow):
     def _load_failed(self, message: str) -> None:
         self.notify(f"loading failed: {message}")
 
-    def _answer_finished(self, _job_id: int, result: Finished) -> None:
-        self._context_used = result.prompt_tokens + result.completion_tokens
+    def _context_changed(self, used: int, _total: int) -> None:
+        self._context_used = used
         self.update_status()
+
+    def _raw_prompt_toggled(self, on: bool) -> None:
+        self.apply_settings(replace(self.settings, raw_prompt=on))
+        self.chat.composer.keep_whitespace = on
+        self.chat.update_context_meter()
 
     def update_status(self) -> None:
         e = self.engine
@@ -247,9 +309,10 @@ class MainWindow(QMainWindow):
             return
         i = e.info
         cards = f"cards {', '.join(map(str, i.cards))}" if i.cards else "CPU"
-        text = (f"{i.name} · {i.backend} · {cards} · ctx {self._context_used}/{i.context} · KV {i.kv_format}")
+        used = "?" if self._context_used < 0 else self._context_used
+        text = f"{i.name} · {i.backend} · {cards} · ctx {used}/{i.context} · KV {i.kv_format}"
         if i.label:
-            text = f"<span style='color:#c77c00'>{text} · {i.label}</span>"
+            text = span(f"{text} · {i.label}", "warning")
         self.status_line.setText(text)
 
     def _snapshot(self, snap: RigSnapshot) -> None:
@@ -323,7 +386,10 @@ class MainWindow(QMainWindow):
     def apply_settings(self, new: AppSettings) -> None:
         self.settings = new
         settings_io.save(self.qsettings, new)
+        if isinstance(self.engine, ChatEngine):
+            self.profiles.remember_chat(self.engine.info.path, new)
         apply_theme(QApplication.instance(), new.theme)
+        self.update_status()  # its rich text carries the theme's colours
 
     def notify(self, message: str) -> None:
         self.statusBar().showMessage(message, 10000)
@@ -331,7 +397,11 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         if self.chat.stream is not None:
             self.chat.stop()
+        if self._pending_rig is not None:
+            self._pending_rig[1].shutdown()
+            self._pending_rig = None
         self.disconnect_rig()
+        self.profiles.api_server_on = self.api.server is not None
         self.api.shutdown()
         self.monitor.shutdown()
         self.loader.shutdown()

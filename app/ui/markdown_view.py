@@ -3,6 +3,10 @@
 QTextBrowser renders CommonMark (QTextDocument.setMarkdown) without a web engine; it cannot hold
 buttons inside the text, so each code block gets a `copy:N` link, and clicking it puts block N on
 the clipboard. The view grows with its text instead of scrolling, so a chat scrolls as one page.
+
+Markdown joins the lines of a paragraph; chat apps keep a single line break as written, so each one
+outside code becomes a hard break first (`keep_line_breaks`). A user's own text is shown as plain
+text (`set_plain`): what they typed, not markup.
 """
 
 from __future__ import annotations
@@ -18,6 +22,23 @@ _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 
 def code_blocks(markdown: str) -> list[str]:
     return [m.group(1).rstrip("\n") for m in _FENCE.finditer(markdown)]
+
+
+def keep_line_breaks(markdown: str) -> str:
+    """Single line breaks made hard (two trailing spaces, which CommonMark ignores where a block ends anyway),
+    except inside fenced code and in tables."""
+    lines = markdown.split("\n")
+    fenced = False
+    for i, line in enumerate(lines[:-1]):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        following = lines[i + 1]
+        if (fenced or not line.strip() or not following.strip() or following.lstrip().startswith("```")
+                or line.lstrip().startswith("|") or line.endswith(("\\", "  "))):
+            continue
+        lines[i] = line + "  "
+    return "\n".join(lines)
 
 
 def with_copy_links(markdown: str) -> str:
@@ -45,8 +66,14 @@ class MarkdownView(QTextBrowser):
     def set_markdown(self, markdown: str) -> None:
         if markdown != self._markdown:
             self._markdown = markdown
-            self.setMarkdown(with_copy_links(markdown))
+            self.setMarkdown(with_copy_links(keep_line_breaks(markdown)))
             self._shade_code()
+
+    def set_plain(self, text: str) -> None:
+        """Show `text` exactly as written (line breaks, asterisks and all)."""
+        if text != self._markdown:
+            self._markdown = text
+            self.setPlainText(text)
 
     def _shade_code(self) -> None:
         """QTextDocument marks fenced code blocks but draws them plain: give them a background."""

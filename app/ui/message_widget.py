@@ -7,6 +7,7 @@ from PySide6.QtGui import QGuiApplication, QPixmap
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from app.chat_records import FAILED, INTERRUPTED, STOPPED, STREAMING, Message
+from app.theme import set_style
 from app.ui.markdown_view import MarkdownView
 
 _ROLE = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -21,10 +22,15 @@ def stats_text(message: Message) -> str:
         parts.append(f"{int(s['tokens'])} tokens")
     if "tokens_per_second" in s:
         parts.append(f"{s['tokens_per_second']:.1f} tok/s")
+    if "prompt_tokens_per_second" in s:
+        parts.append(f"prompt {s['prompt_tokens_per_second']:.0f} tok/s")
     if "ttft_seconds" in s:
         parts.append(f"first token {s['ttft_seconds']:.2f} s")
     if "draft_acceptance" in s:
         parts.append(f"MTP drafts {s['draft_acceptance']:.0%} accepted")
+    if "cards" in s:
+        parts.append("CPU" if s["cards"] == "CPU" else
+                     f"card{'s' if ',' in str(s['cards']) else ''} {str(s['cards']).replace(',', ', ')}")
     return " · ".join(parts)
 
 
@@ -35,13 +41,14 @@ class MessageWidget(QFrame):
     def __init__(self, message: Message, parent: QWidget | None = None):
         super().__init__(parent)
         self.message = message
+        self.phase = ""  # while streaming: the prompt phase or the generation's progress
         self.setObjectName(f"message-{message.role}")
         self.setFrameShape(QFrame.StyledPanel)
         layout = QVBoxLayout(self)
         header = QHBoxLayout()
         self.role_label = QLabel(f"<b>{_ROLE.get(message.role, message.role)}</b>")
         self.status_label = QLabel()
-        self.status_label.setStyleSheet("color: #c77c00")
+        set_style(self.status_label, "warning")
         header.addWidget(self.role_label)
         header.addWidget(self.status_label)
         header.addStretch(1)
@@ -67,7 +74,7 @@ class MessageWidget(QFrame):
         self.thinking_toggle.setArrowType(Qt.RightArrow)
         self.thinking_toggle.toggled.connect(self._toggle_thinking)
         self.thinking_view = MarkdownView()
-        self.thinking_view.setStyleSheet("color: gray")
+        set_style(self.thinking_view, "thinking")
         self.thinking_view.setVisible(False)
         layout.addWidget(self.thinking_toggle)
         layout.addWidget(self.thinking_view)
@@ -89,7 +96,7 @@ class MessageWidget(QFrame):
         self.tools_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         layout.addWidget(self.tools_label)
         self.stats_label = QLabel()
-        self.stats_label.setStyleSheet("color: gray")
+        set_style(self.stats_label, "muted")
         layout.addWidget(self.stats_label)
         self.refresh()
 
@@ -100,7 +107,10 @@ class MessageWidget(QFrame):
     def refresh(self) -> None:
         """Show the message's current state (called as an answer streams in)."""
         m = self.message
-        self.content_view.set_markdown(m.content)
+        if m.role == "assistant":
+            self.content_view.set_markdown(m.content)
+        else:  # the user's (or a summary's) own words, as typed
+            self.content_view.set_plain(m.content)
         self.content_view.setVisible(bool(m.content) or m.role != "assistant")
         has_thinking = bool(m.reasoning)
         self.thinking_toggle.setVisible(has_thinking)
@@ -111,9 +121,13 @@ class MessageWidget(QFrame):
         calls = [f"tool call: {c['function']['name']}({c['function']['arguments']})" for c in m.tool_calls]
         self.tools_label.setText("\n".join(calls))
         self.tools_label.setVisible(bool(calls))
-        self.status_label.setText(_STATUS.get(m.status, ""))
+        self.status_label.setText(self.phase if m.status == STREAMING and self.phase else _STATUS.get(m.status, ""))
         self.stats_label.setText(stats_text(m))
         self.stats_label.setVisible(bool(m.stats))
+
+    def set_phase(self, text: str) -> None:
+        self.phase = text
+        self.status_label.setText(text if self.message.status == STREAMING and text else _STATUS.get(self.message.status, ""))
 
     def set_regenerate_visible(self, visible: bool) -> None:
         self.regenerate_button.setVisible(visible)

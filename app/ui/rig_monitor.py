@@ -13,6 +13,7 @@ from engine.model.memory_plan import format_bytes
 from engine.telemetry import CardSample, RigSnapshot
 
 from app.alerts import AlertState
+from app.theme import colour, set_style, span
 
 HISTORY = 3600  # samples kept per card (one hour at 1 Hz)
 SPARKLINE = 60
@@ -51,7 +52,7 @@ class CardTile(QFrame):
         self.title = QLabel()
         self.numbers = QLabel()
         self.alerts = QLabel()
-        self.alerts.setStyleSheet("color: #b00020; font-weight: bold")
+        set_style(self.alerts, "error", "font-weight: bold;")
         self.alerts.setWordWrap(True)
         self.plot = pg.PlotWidget()
         self.plot.setFixedHeight(90)
@@ -72,7 +73,7 @@ class CardTile(QFrame):
         self.numbers.setText(tile_text(card, tokens_per_second))
         self.alerts.setText("\n".join(alerts))
         self.alerts.setVisible(bool(alerts))
-        self.setStyleSheet("CardTile { border: 2px solid #b00020; }" if alerts else "")
+        self.setStyleSheet(f"CardTile {{ border: 2px solid {colour('error')}; }}" if alerts else "")
         for metric in self.history:
             self.history[metric].append(getattr(card, metric))
         for metric, curve in self.curves.items():
@@ -166,7 +167,7 @@ class RigMonitor(QWidget):
         per_joule = f" · {self.tokens_per_second / power:.3f} tokens/J" if self.tokens_per_second and power else ""
         speed = f" · {self.tokens_per_second:.1f} tok/s" if self.tokens_per_second else ""
         self.summary.setText(f"<b>{len(snap.cards)} card(s)</b> · {power:.0f} W total{speed}{per_joule}"
-                             + "".join(f"<br><span style='color:#c77c00'>{w}</span>" for w in snap.warnings))
+                             + "".join(f"<br>{span(w, 'warning')}" for w in snap.warnings))
 
     def open_history(self, index: int) -> HistoryDialog:
         dialog = HistoryDialog(self.tiles[index], self)

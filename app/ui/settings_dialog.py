@@ -1,4 +1,7 @@
-"""Settings: sampling, max tokens, system-prompt presets, thinking, theme and the API port."""
+"""Settings: sampling, max tokens, system-prompt presets, thinking, theme and the API port.
+
+Built-in presets are shown read-only (a new preset starts from the one shown, to edit a copy);
+the user's own can be edited and deleted; "Reset to default" goes back to the default built-in."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from engine.errors import RigllmError
 
-from app.settings import THEMES, AppSettings
+from app.settings import DEFAULT_PRESET, DEFAULT_PRESETS, THEMES, AppSettings
+from app.theme import set_style
 
 
 def _double(low: float, high: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
@@ -46,19 +50,29 @@ class SettingsDialog(QDialog):
         self.preset_text.setMaximumHeight(80)
         self.preset_text.textChanged.connect(self._store_preset)
         add = QPushButton("New preset...")
+        add.setToolTip("A preset of your own, starting from the text shown")
         add.clicked.connect(self._add_preset)
+        self.delete_preset = QPushButton("Delete")
+        self.delete_preset.clicked.connect(self._delete_preset)
+        self.reset_preset = QPushButton("Reset to default")
+        self.reset_preset.setToolTip(f"Use the built-in '{DEFAULT_PRESET}' system prompt")
+        self.reset_preset.clicked.connect(lambda: self.preset.setCurrentText(DEFAULT_PRESET))
+        self.preset_note = QLabel()
+        set_style(self.preset_note, "muted")
         presets = QHBoxLayout()
         presets.addWidget(self.preset, 1)
         presets.addWidget(add)
+        presets.addWidget(self.delete_preset)
+        presets.addWidget(self.reset_preset)
         for label, widget in (("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
                               ("Min-p", self.min_p), ("Repetition penalty", self.repetition_penalty),
                               ("Presence penalty", self.presence_penalty),
                               ("Frequency penalty", self.frequency_penalty), ("Max tokens", self.max_tokens),
-                              ("Thinking", self.thinking), ("Speculation", self.speculative), ("System prompt", presets), ("", self.preset_text),
+                              ("Thinking", self.thinking), ("Speculation", self.speculative), ("System prompt", presets), ("", self.preset_text), ("", self.preset_note),
                               ("Theme", self.theme), ("API server port", self.api_port)):
             form.addRow(label, widget)
         self.error = QLabel()
-        self.error.setStyleSheet("color: #b00020")
+        set_style(self.error, "error")
         buttons = QDialogButtonBox(QDialogButtonBox.Ok | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -75,25 +89,45 @@ class SettingsDialog(QDialog):
         self.thinking.setChecked(s.thinking)
         self.speculative.setChecked(s.speculative)
         self.theme.setCurrentText(s.theme)
+        self.preset.blockSignals(True)
         self.preset.clear()
-        self.preset.addItems(list(self._presets))
+        self.preset.addItems(list(DEFAULT_PRESETS) + list(self._presets))
+        self.preset.blockSignals(False)
         self.preset.setCurrentText(s.system_preset)
+        self._show_preset(self.preset.currentText())
 
     def _show_preset(self, name: str) -> None:
+        built_in = name in DEFAULT_PRESETS
         self.preset_text.blockSignals(True)
-        self.preset_text.setPlainText(self._presets.get(name, ""))
+        self.preset_text.setPlainText(DEFAULT_PRESETS[name] if built_in else self._presets.get(name, ""))
         self.preset_text.blockSignals(False)
+        self.preset_text.setReadOnly(built_in)
+        self.delete_preset.setEnabled(not built_in)
+        self.preset_note.setText("built-in preset, read-only: 'New preset...' makes a copy to edit" if built_in else "")
 
     def _store_preset(self) -> None:
-        if self.preset.currentText():
-            self._presets[self.preset.currentText()] = self.preset_text.toPlainText()
+        name = self.preset.currentText()
+        if name and name not in DEFAULT_PRESETS:
+            self._presets[name] = self.preset_text.toPlainText()
 
     def _add_preset(self) -> None:
         name, ok = QInputDialog.getText(self, "New system prompt preset", "Name:")
-        if ok and name.strip():
-            self._presets[name.strip()] = ""
-            self.preset.addItem(name.strip())
-            self.preset.setCurrentText(name.strip())
+        name = name.strip()
+        if not ok or not name:
+            return
+        if name in DEFAULT_PRESETS or name in self._presets:
+            self.error.setText(f"a preset named '{name}' exists already")
+            return
+        self._presets[name] = self.preset_text.toPlainText()
+        self.preset.addItem(name)
+        self.preset.setCurrentText(name)
+
+    def _delete_preset(self) -> None:
+        name = self.preset.currentText()
+        if name in self._presets:
+            del self._presets[name]
+            self.preset.removeItem(self.preset.currentIndex())
+            self.preset.setCurrentText(DEFAULT_PRESET)
 
     def result_settings(self, base: AppSettings) -> AppSettings:
         return replace(base, temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),

@@ -2,6 +2,7 @@
 
 import os
 import socket
+from contextlib import contextmanager
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"  # must be set before anything imports Qt
 
@@ -120,3 +121,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def served_in_process(app):
+    """`app` on uvicorn on a free loopback port, on a thread; yields the port and stops it afterwards."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the in-process rig did not start"
+        time.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)

@@ -44,7 +44,7 @@ def test_an_attached_image_is_encoded_and_counted(qtbot, tiny_vlm_model):
     assert service.vision.encoder is not None, service.vision.unavailable
     worker = GenerationWorker(lambda: open_backend("reference", tiny_vlm_model), service.tokenizer)
     worker.start()
-    engine = ChatEngine(tiny_vlm_model, service, worker, ModelInfo("tiny", "", "reference", 4096, "f16", ()))
+    engine = ChatEngine(tiny_vlm_model, service, worker, ModelInfo("tiny", "", "reference", 4096, "f16", (), vision=True))
     finished, failed = Recorder(engine.finished), Recorder(engine.failed)
     try:
         history = [Message("user", "what colour?", attachments=[Attachment("a.png", "image/png", png((64, 96)))])]

@@ -11,8 +11,8 @@ from PySide6.QtWidgets import QApplication
 
 from app.chat_records import COMPLETE, STOPPED
 from app.chat_store import ChatStore
+from app.ui.composer import Composer
 from app.ui.markdown_view import MarkdownView, code_blocks
-from conftest import Recorder
 
 
 def send_and_wait(qtbot, window, text: str) -> None:
@@ -93,8 +93,9 @@ def _png(tmp_path, name="pic.png"):
     return path
 
 
-def test_dropping_an_image_attaches_it_and_it_is_stored_with_the_message(qtbot, window, tmp_path):
-    composer = window.chat.composer
+def test_dropping_or_pasting_an_image_attaches_it(qtbot, tmp_path):
+    composer = Composer()  # a model that takes images: attaching is on
+    qtbot.addWidget(composer)
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(_png(tmp_path))), QUrl.fromLocalFile(str(tmp_path / "missing.png"))])
     errors = []
@@ -111,26 +112,24 @@ def test_dropping_an_image_attaches_it_and_it_is_stored_with_the_message(qtbot, 
     assert len(composer.attachments) == 2
     composer.remove_attachment(1)
     assert len(composer.attachments) == 1
+    sent = []
+    composer.send_requested.connect(lambda text, atts: sent.append((text, atts)))
     composer.text.setPlainText("what is this?")
-    notices = Recorder(window.chat.notice)
     composer.send_button.click()
-    qtbot.waitUntil(lambda: window.chat.stream is None, timeout=60_000)
-    assert composer.attachments == []
-    stored = window.store.messages(window.chat.conversation_id)[0]
-    assert stored.attachments[0].name == "pic.png" and stored.attachments[0].data.startswith(b"\x89PNG")
-    # The demo model has no vision projector: the image is sent, and the engine's refusal is shown.
-    assert any("takes no images" in args[0] for args in notices.calls)
+    assert sent[0][0] == "what is this?" and sent[0][1][0].data.startswith(b"\x89PNG")
 
 
-def test_a_file_that_is_not_an_image_is_refused(qtbot, window, tmp_path):
+def test_a_file_that_is_not_an_image_is_refused(qtbot, tmp_path):
     bad = tmp_path / "notes.png"
     bad.write_text("not an image")
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(bad))])
+    composer = Composer()
+    qtbot.addWidget(composer)
     errors = []
-    window.chat.composer.error.connect(errors.append)
-    window.chat.composer.add_from_mime(mime)
-    assert window.chat.composer.attachments == [] and "notes.png" in errors[0]
+    composer.error.connect(errors.append)
+    composer.add_from_mime(mime)
+    assert composer.attachments == [] and "notes.png" in errors[0]
 
 
 def test_chats_survive_an_app_restart(qtbot, window, tmp_path):

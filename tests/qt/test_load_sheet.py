@@ -35,7 +35,10 @@ def sheet(qtbot, rig, loader):
 
 
 def show_27b(sheet: LoadSheet) -> None:
+    """The 27B shape with all three cards ticked by the user (the sheet alone ticks the fewest that fit)."""
     sheet.show_model(replace(sheet.inspected, footprint=footprint_for(shape_config("27b"))))
+    for i in range(sheet.card_list.count()):
+        sheet.card_list.item(i).setCheckState(Qt.Checked)
 
 
 def free_bytes(sheet: LoadSheet) -> list[int]:
@@ -57,9 +60,11 @@ def test_slider_and_kv_bits_change_the_bars_and_the_verdict(sheet):
     assert not sheet.load_button.isEnabled() and sheet.anyway_button.isVisibleTo(sheet)
     assert any("won't fit" in label.text() for label in sheet.bars.labels)
     sheet.v_bits.setCurrentIndex(sheet.v_bits.findData(3))
-    assert sheet.kv_name == "k16v3" and sheet.current.fits  # 3-bit values make it fit
-    assert "k16v3: sizes only" in sheet.notes.text()  # a pair without GPU kernels is said, not hidden
-    assert all(f > b for f, b in zip(free_bytes(sheet), big))
+    assert sheet.kv_name == "k16v3" and not sheet.current.fits  # it would fit, but the CUDA backend cannot run it
+    assert "no k16v3 KV kernels" in sheet.verdict.text() and not sheet.load_button.isEnabled()
+    assert all(f > b for f, b in zip(free_bytes(sheet), big))  # the bars still price it
+    sheet.k_bits.setCurrentIndex(sheet.k_bits.findData(8))
+    assert sheet.kv_name == "k8v3" and sheet.current.fits  # 3-bit values make it fit
 
 
 def test_typed_layers_per_card_move_the_bars_and_reach_the_load_request(sheet):

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from conftest import Recorder, free_port
+from conftest import Recorder, free_port, served_in_process
 
 from engine.server.access import KEYRING_SERVICE
 from engine.telemetry import NO_GPU
@@ -66,6 +66,7 @@ def test_the_app_drives_a_headless_rig(qtbot, bare_window, served_rig, memory_ke
     dialog.port.setValue(link.port)
     dialog.key.setText(KEY)
     dialog.accept()
+    qtbot.waitUntil(lambda: win.rig_link is not None, timeout=30_000)  # swapped once the rig has answered
     assert win.rig_link == link and isinstance(win.loader, RemoteModelLoader)
     assert memory_keyring.values[(KEYRING_SERVICE, keyring_user(link.host, link.port))] == KEY
     assert (win.settings.rig_host, win.settings.rig_port) == (link.host, link.port)
@@ -140,8 +141,8 @@ def test_a_wrong_key_is_reported_and_the_app_stays_local(qtbot, bare_window, ser
     link, _proc = served_rig
     win = bare_window
     win.connect_rig(replace(link, key="wrong"))
-    qtbot.waitUntil(lambda: win.rig_link is None, timeout=30_000)
-    assert "could not connect" in win.statusBar().currentMessage()
+    qtbot.waitUntil(lambda: "could not connect" in win.statusBar().currentMessage(), timeout=30_000)
+    assert win.rig_link is None
     assert "401" in win.statusBar().currentMessage() and win.loader is win.local_loader
 
 
@@ -212,8 +213,6 @@ def gated_rig():
     their bytes, then wait for `gate` (so a test can cancel mid-load); yields (link, host, gate)."""
     import threading
 
-    import uvicorn
-
     from engine.backends import open_backend
     from engine.model.load_progress import LoadProgress
     from engine.server.admin import admin_router
@@ -239,17 +238,8 @@ def gated_rig():
     app = create_app(host, policy=HttpPolicy(api_key="sk-rig-inference", admin_key=KEY))
     app.include_router(admin_router(host, FakeSource([cmp_100_210(0), cmp_100_210(1)]), LogRing(),
                                     ModelFolders([ensure_demo_model().parent])))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the in-process rig did not start"
-        time.sleep(0.01)
-    yield RigLink("127.0.0.1", port, KEY), host, gate
-    server.should_exit = True
-    thread.join(timeout=20)
+    with served_in_process(app) as port:
+        yield RigLink("127.0.0.1", port, KEY), host, gate
     host.close()
 
 
@@ -261,7 +251,8 @@ def test_a_remote_load_shows_the_rigs_cards_and_progress_and_cancel_frees_them(q
     assert not win.rig.empty.isVisibleTo(win.rig)  # the rig's two cards, not this computer's three
     sheet = win.open_load_sheet()
     qtbot.waitUntil(lambda: sheet.inspected is not None, timeout=60_000)
-    assert sheet.card_list.count() == 2 and sheet.current.fits and len(sheet.bars.bars) == 2
+    assert sheet.card_list.count() == 2 and sheet.current.fits
+    assert sheet.chosen_cards() == [0] and len(sheet.bars.bars) == 1  # the demo model fits the rig's first card
     cancelled = Recorder(win.loader.cancelled)
     sheet.backend.setCurrentText("reference")
     sheet.load_button.click()

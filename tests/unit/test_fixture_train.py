@@ -56,7 +56,7 @@ def test_schedule_and_curriculum() -> None:
 def test_trained_weights_change_and_export_matches_reference(tmp_path: Path) -> None:
     import torch
 
-    from engine.fixtures.export import export_gguf, write_hf_folder
+    from engine.fixtures.export import FIXTURE_NAME, export_gguf, write_hf_folder
     from engine.fixtures.train import TrainSettings, train
     from engine.gguf.loader import load_model
     from engine.reference.model import ReferenceModel
@@ -68,6 +68,7 @@ def test_trained_weights_change_and_export_matches_reference(tmp_path: Path) -> 
     assert any(float(p.detach().abs().max()) > 0 for p in norms), "training moved no zero-initialised norm gain"
 
     path = export_gguf(write_hf_folder(model, tmp_path / "hf"), tmp_path, "toy", ("f32",))[0]
+    assert load_model(path).file.fields["general.name"] == FIXTURE_NAME  # named by its model card, not "Hf"
     ref = ReferenceModel.from_model_file(load_model(path).file)
     ids = torch.randint(0, 280, (1, 70), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -68,6 +68,19 @@ class Failed:
     status: int = 500  # the HTTP status a non-streamed reply gets (503: overload or shutdown, not a bug)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a job stands, for a requester that shows it (the desktop app's "processing prompt N / M"):
+    prompt tokens done (kept-state tokens included) of the prompt's total, tokens generated so far, and
+    the seconds since the job took its slot. Reported after each prefill chunk and each generated token."""
+
+    prompt_done: int
+    prompt_tokens: int
+    cached_tokens: int
+    generated: int
+    seconds: float
+
+
 Event = Piece | Finished | Failed
 
 
@@ -99,6 +112,7 @@ class Job:
     speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
     deadline: float | None = None  # time.monotonic() past which the reply ends with "length" (API: "deadline_seconds")
     cancelled: threading.Event = field(default_factory=threading.Event)
+    on_progress: Callable[[Progress], None] | None = None  # called on the scheduler's thread; must not block
 
     def post(self, item: Event) -> None:
         self.sink(item)

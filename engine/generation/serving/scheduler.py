@@ -36,7 +36,7 @@ from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import ImagePrefill, Pick, SlotBackend, SlotRequest, supports_images
 from engine.generation.tokenizer import Tokenizer
-from engine.generation.serving.generation_job import Failed, Job, JobOutput
+from engine.generation.serving.generation_job import Failed, Job, JobOutput, Progress
 from engine.generation.serving.multimodal_chat import IMAGES_UNSUPPORTED
 from engine.generation.serving.owner_tasks import OwnerTasks, Wake
 
@@ -165,6 +165,7 @@ class Scheduler:
         slot.snapshot_at = job.turn_start if cache is not None and job.turn_start > reuse and prompt[: job.turn_start] not in cache else 0
         slot.started = time.perf_counter()
         slot.last_used = next(self._clock)
+        _report(slot)
 
     # ---- prefill ---------------------------------------------------------------------------------
     def _prefill_one(self) -> None:
@@ -185,6 +186,7 @@ class Scheduler:
             else:
                 self.backend.prefill_slot(slot.index, part)
             slot.tokens += part
+            _report(slot)
             if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
                 self._keep_snapshot(slot)
             if not slot.pending:
@@ -252,7 +254,9 @@ class Scheduler:
         if token in self.stop_ids:
             self._finish(slot, "stop")
             return
-        if out.add(token, _logprob(job, pick, token)) or job.cancelled.is_set() or out.complete:
+        stopped = out.add(token, _logprob(job, pick, token))
+        _report(slot)
+        if stopped or job.cancelled.is_set() or out.complete:
             self._finish(slot, "stop")
         elif out.generated >= job.max_tokens or (job.deadline is not None and time.monotonic() >= job.deadline):
             self._finish(slot, "length")
@@ -334,6 +338,14 @@ def _post(job: Job, event: Failed) -> None:
         job.post(event)
     except Exception:
         log.exception("could not deliver a request's failure")
+
+
+def _report(slot: _Slot) -> None:
+    """Tell the job's requester how far it has got, if it asked (`Job.on_progress`)."""
+    job, out = slot.job, slot.output
+    if job is not None and out is not None and job.on_progress is not None:
+        job.on_progress(Progress(len(job.prompt_ids) - len(slot.pending), len(job.prompt_ids), slot.cached,
+                                 out.generated, time.perf_counter() - slot.started))
 
 
 def _needs_logits(job: Job) -> bool:

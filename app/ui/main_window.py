@@ -84,6 +84,11 @@ class MainWindow(QMainWindow):
 
         self.status_line = QLabel("no model loaded")
         self.statusBar().addPermanentWidget(self.status_line)
+        # Notices in a wrapping label, not showMessage (which cuts a long reason off at the window's edge).
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.statusBar().addWidget(self.message, 1)
         self.undo_button = QPushButton()
         self.undo_button.setVisible(False)
         self.undo_button.clicked.connect(self._undo_delete)
@@ -173,6 +178,7 @@ class MainWindow(QMainWindow):
         dialog = ConnectDialog(self.settings.rig_host, self.settings.rig_port, self)
         dialog.setAttribute(Qt.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.connect_rig(dialog.link()))
+        dialog.notice.connect(self.notify)
         dialog.show()
         return dialog
 
@@ -326,7 +332,9 @@ class MainWindow(QMainWindow):
         apply_theme(QApplication.instance(), new.theme)
 
     def notify(self, message: str) -> None:
-        self.statusBar().showMessage(message, 10000)
+        """Show `message` whole in the status bar (wrapped onto more lines when long) until the next one."""
+        self.message.setText(message)
+        self.message.setToolTip(message)
 
     def closeEvent(self, event) -> None:
         if self.chat.stream is not None:

@@ -139,8 +139,8 @@ def test_a_wrong_key_is_reported_and_the_app_stays_local(qtbot, bare_window, ser
     win = bare_window
     win.connect_rig(replace(link, key="wrong"))
     qtbot.waitUntil(lambda: win.rig_link is None, timeout=30_000)
-    assert "could not connect" in win.statusBar().currentMessage()
-    assert "401" in win.statusBar().currentMessage() and win.loader is win.local_loader
+    assert "could not connect" in win.message.text()
+    assert "401" in win.message.text() and win.loader is win.local_loader
 
 
 def test_unload_from_the_app_frees_the_rig(qtbot, bare_window, served_rig):

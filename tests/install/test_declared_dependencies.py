@@ -5,8 +5,8 @@ must be provided by the extra its users install: app/ by `app`, engine/ by the b
 few modules in MODULE_EXTRA by the extra named there. Lazy imports (inside functions, or guarded) must
 come from some extra. "Provided" means the distribution, or any of its dependencies, as installed here
 (fastapi brings starlette and pydantic). This is how httpx, imported by app/rig_client.py but then only
-in the dev extra, would have been caught; tests/install/import_every_module.py checks the same on a
-real `[app]` install in CI.
+in the dev extra, would have been caught; the tests' own imports must come from `dev`.
+tests/install/import_every_module.py checks the same on a real `[app]` install in CI.
 """
 
 from __future__ import annotations
@@ -153,6 +153,20 @@ def test_every_lazy_import_is_provided_by_some_extra():
         for name in sorted(lazy - set(NOT_FROM_AN_EXTRA)):
             if not distributions_of(name) & everything:
                 missing.append(f"{path.relative_to(REPO)} imports {name}, which no extra provides")
+    assert not missing, "\n".join(missing)
+
+
+def test_every_test_import_is_provided_by_the_dev_extra():
+    """The README's test command installs `[dev,kernels]`: the tests may import nothing else (but llama_cpp)."""
+    tests = sorted((REPO / "tests").rglob("*.py"))
+    local = {p.stem for p in tests} | {"tests", "engine", "app"}
+    dev = provided("dev") | provided("kernels")
+    missing = []
+    for path in tests:
+        eager, lazy = third_party_imports(path.read_text(encoding="utf-8"))
+        for name in sorted((eager | lazy) - local - set(NOT_FROM_AN_EXTRA)):
+            if not distributions_of(name) & dev:
+                missing.append(f"{path.relative_to(REPO)} imports {name}, which the dev extra lacks")
     assert not missing, "\n".join(missing)
 
 

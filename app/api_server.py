@@ -2,47 +2,23 @@
 background thread, serving the app's loaded model (`FixedModel`: the app's generation worker stays
 the one owner of the backend for both).
 
-The API key lives in the OS keyring under the same service/user `rigllm serve --use-keyring`
-reads (engine.server.access), so a key made here also works for the headless server. Clients are
-counted by a thin ASGI wrapper around the app: the engine's app stays unchanged.
+The API key comes from app.api_key (the OS keyring under the service/user `rigllm serve
+--use-keyring` reads, a private file the user chose, or the session). Clients are counted by a thin
+ASGI wrapper around the app: the engine's app stays unchanged.
 """
 
 from __future__ import annotations
 
-import secrets
 import socket
 import threading
 import time
 from typing import Any
 
-import keyring
-from keyring.errors import KeyringError
-
 from engine.errors import RigllmError
-from engine.server.access import KEYRING_SERVICE, KEYRING_USER
 
 from app.chat_engine import ChatEngine
 
 CLIENT_WINDOW = 60.0  # a client counts as connected for this long after its last request
-
-
-def stored_api_key() -> str:
-    """The keyring's key, made and stored on first use."""
-    try:
-        key = keyring.get_password(KEYRING_SERVICE, KEYRING_USER)
-    except KeyringError as err:
-        raise RigllmError(f"the system keyring is not usable ({err}); install keyrings.alt or a Secret Service")
-    return key or new_api_key()
-
-
-def new_api_key() -> str:
-    """A fresh random key, stored in the keyring (replacing the old one)."""
-    key = secrets.token_urlsafe(32)
-    try:
-        keyring.set_password(KEYRING_SERVICE, KEYRING_USER, key)
-    except KeyringError as err:
-        raise RigllmError(f"the system keyring is not usable ({err}); install keyrings.alt or a Secret Service")
-    return key
 
 
 class _ClientCounter:

@@ -1,8 +1,8 @@
 """Talking to a headless rig (`rigllm serve` on another machine) over its admin and OpenAI APIs.
 
-A `RigLink` is where the rig is and the key it wants; the key is kept in the OS keyring under
-service "rigllm", user "rig-key:HOST:PORT", so each rig has its own and none is written in the
-settings file. `RigClient` is a thin, blocking httpx client: the Qt objects that use it call it from
+A `RigLink` is where the rig is and the key it wants; the key is kept (app.key_store) in the OS
+keyring under service "rigllm", user "rig-key:HOST:PORT", or in a private file the user chose, so
+each rig has its own and none is written in the settings file. `RigClient` is a thin, blocking httpx client: the Qt objects that use it call it from
 their own threads, never from the GUI thread. Every failure becomes a one-line `RigllmError` with the
 server's own error text, which the app shows as it shows a local engine's.
 """
@@ -14,14 +14,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import httpx
-import keyring
-from keyring.errors import KeyringError
 
 from engine.errors import RigllmError
 from engine.model.model_footprint import Footprint
-from engine.server.access import KEYRING_SERVICE
 from engine.server.admin_footprint import footprint_from_json
 from engine.telemetry import CardSample, RigSnapshot
+
+from app.key_store import KeyStore
 
 # Short, so a rig that stops answering is reported (and a disconnect waits) seconds, not minutes; calls
 # that legitimately take long say so (`SLOW`): an unload waits for running requests, and a chat stream
@@ -60,19 +59,9 @@ def keyring_user(host: str, port: int) -> str:
     return f"rig-key:{host}:{port}"
 
 
-def stored_rig_key(host: str, port: int) -> str:
-    """The key kept for this rig, or "" when none is."""
-    try:
-        return keyring.get_password(KEYRING_SERVICE, keyring_user(host, port)) or ""
-    except KeyringError as err:
-        raise RigllmError(f"the system keyring is not usable ({err}); install keyrings.alt or a Secret Service")
-
-
-def store_rig_key(link: RigLink) -> None:
-    try:
-        keyring.set_password(KEYRING_SERVICE, keyring_user(link.host, link.port), link.key)
-    except KeyringError as err:
-        raise RigllmError(f"the system keyring is not usable ({err}); install keyrings.alt or a Secret Service")
+def rig_key_store(host: str, port: int) -> KeyStore:
+    """Where this rig's key is kept (the keyring's user name, or its private file)."""
+    return KeyStore(keyring_user(host, port))
 
 
 def error_text(response: httpx.Response) -> str:

@@ -5,6 +5,8 @@ import tempfile
 
 import pytest
 
+import llama_sdist
+
 # Hypothesis (schemathesis) writes its example cache into the working directory during collection,
 # before any fixture runs: keep it out of the checkout.
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="rigllm-hypothesis-"))
@@ -21,3 +23,9 @@ def _isolated_user_data_dir():
             os.environ.pop("RIGLLM_DATA_DIR", None)
         else:
             os.environ["RIGLLM_DATA_DIR"] = old
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Only tests marked `peer` may download the llama-cpp-python sdist (set before any fixture runs)."""
+    llama_sdist.downloads_allowed = item.get_closest_marker("peer") is not None

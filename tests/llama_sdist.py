@@ -7,7 +7,9 @@ local path to one file, taken from, in order:
 2. the cache `$XDG_CACHE_HOME/rigllm-test` (default `~/.cache/rigllm-test`), where files are unpacked
    one by one from the sdist tarball, which is fetched there with `pip download` on first use.
 
-When the sdist cannot be fetched (offline), the calling test is skipped with the reason.
+When the sdist cannot be fetched (offline), the calling test is skipped with the reason. Only tests
+marked `peer` may fetch it (the default `pytest` run downloads nothing): tests/conftest.py sets
+`downloads_allowed` for each test, and an unmarked test that would download fails and says so.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ ROOT_NAME = f"llama_cpp_python-{VERSION}"
 QWEN35_VOCAB = "vendor/llama.cpp/models/ggml-vocab-qwen35.gguf"
 
 _download_failure: str | None = None  # remembered so an offline run tries pip only once
+downloads_allowed = False  # set per test by tests/conftest.py: True only for tests marked `peer`
+
+
+# The mark of a test that reads sdist files: `peer`, so the default run never downloads (a cached copy is
+# not enough reason to run it by default: CI's fresh clone has none).
+needs_sdist = pytest.mark.peer
 
 
 def cache_dir() -> Path:
@@ -59,6 +67,9 @@ def _tarball() -> Path:
     tarball = folder / f"{ROOT_NAME}.tar.gz"
     if tarball.is_file():
         return tarball
+    if not downloads_allowed:
+        pytest.fail(f"this test needs the llama-cpp-python {VERSION} sdist, which is not in {folder}: "
+                    "mark it `peer` (only peer tests may download)", pytrace=False)
     if _download_failure is not None:
         pytest.skip(_download_failure)
     folder.mkdir(parents=True, exist_ok=True)

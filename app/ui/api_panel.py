@@ -1,4 +1,5 @@
-"""The API server panel: a switch, the port, the key (masked, with Copy and New key) and the clients."""
+"""The API server panel: a switch, the port, the key (masked, with Copy and New key, and where it is kept:
+keyring, a private file the user ticked, or this session only) and the clients."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from PySide6.QtWidgets import (QCheckBox, QFormLayout, QHBoxLayout, QLabel, QLin
 
 from engine.errors import RigllmError
 
-from app.api_server import ApiServer, new_api_key, stored_api_key
+from app.api_key import ApiKey
+from app.key_store import KEYRING
+from app.api_server import ApiServer
 from app.chat_engine import ChatEngine
 
 
@@ -20,6 +23,7 @@ class ApiPanel(QWidget):
         super().__init__(parent)
         self.engine: ChatEngine | None = None
         self.server: ApiServer | None = None
+        self.api_key = ApiKey()
         layout = QVBoxLayout(self)
         self.toggle = QCheckBox("Serve the loaded model through the OpenAI-compatible API")
         self.toggle.toggled.connect(self._toggled)
@@ -32,27 +36,36 @@ class ApiPanel(QWidget):
         key_row = QHBoxLayout()
         self.key = QLineEdit()
         self.key.setReadOnly(True)
-        self.key.setPlaceholderText("made and stored in the system keyring when the server first starts")
+        self.key.setPlaceholderText("made when the server first starts")
         self.key.setEchoMode(QLineEdit.Password)
         self.show_key = QCheckBox("show")
         self.show_key.toggled.connect(lambda on: self.key.setEchoMode(QLineEdit.Normal if on else QLineEdit.Password))
         self.copy_key = QPushButton("Copy")
         self.copy_key.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.key.text()))
         self.new_key = QPushButton("New key")
-        self.new_key.setToolTip("Replace the stored key; clients using the old one are refused")
+        self.new_key.setToolTip("Replace the key; clients using the old one are refused")
         self.new_key.clicked.connect(self._new_key)
         for w in (self.key, self.show_key, self.copy_key, self.new_key):
             key_row.addWidget(w)
+        self.key_place = QLabel()
+        self.key_place.setWordWrap(True)
+        self.key_place.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.key_file = QCheckBox(f"Keep the key in a file only you can read ({self.api_key.store.file}, mode 0600)")
+        self.key_file.setChecked(self.api_key.store.in_file())
+        self.key_file.toggled.connect(self._key_file_toggled)
         self.clients = QLabel("none")
         form.addRow("Port", self.port)
         form.addRow("", self.lan)
         form.addRow("Base URL", self.url)
         form.addRow("API key", key_row)
+        form.addRow("", self.key_place)
+        form.addRow("", self.key_file)
         form.addRow("Clients (last minute)", self.clients)
         layout.addLayout(form)
         layout.addStretch(1)
         self._timer = QTimer(self, interval=1000)
         self._timer.timeout.connect(self._refresh_clients)
+        self._show_key_place()
         self.set_engine(None)
 
     def set_engine(self, engine: ChatEngine | None) -> None:
@@ -72,7 +85,7 @@ class ApiPanel(QWidget):
     def _start(self) -> None:
         assert self.engine is not None
         try:
-            key = stored_api_key()
+            key = self.api_key.current()
             server = ApiServer(self.engine, key, "0.0.0.0" if self.lan.isChecked() else "127.0.0.1", self.port.value())
             server.start()
         except RigllmError as err:
@@ -83,6 +96,7 @@ class ApiPanel(QWidget):
             return
         self.server = server
         self.key.setText(key)
+        self._show_key_place()
         self.url.setText(server.base_url)
         self.port.setEnabled(False)
         self.lan.setEnabled(False)
@@ -101,13 +115,31 @@ class ApiPanel(QWidget):
 
     def _new_key(self) -> None:
         try:
-            self.key.setText(new_api_key())
+            self.key.setText(self.api_key.renew())
         except RigllmError as err:
             self.notice.emit(str(err))
             return
+        self._show_key_place()
         if self.server is not None:  # the running app holds the old key: restart it with the new one
             self._stop()
             self._start()
+
+    def _key_file_toggled(self, on: bool) -> None:
+        try:
+            self.api_key.keep_in_file(on)
+        except (RigllmError, OSError) as err:
+            self.notice.emit(f"could not {'keep the key in' if on else 'remove'} {self.api_key.store.file}: {err}")
+        self.key_file.blockSignals(True)
+        self.key_file.setChecked(self.api_key.store.in_file())
+        self.key_file.blockSignals(False)
+        if self.api_key.key:
+            self.key.setText(self.api_key.key)
+        self._show_key_place()
+
+    def _show_key_place(self) -> None:
+        """Say where the key is kept; offer the file only where there is no keyring (or it is in use)."""
+        self.key_place.setText(self.api_key.describe())
+        self.key_file.setVisible(self.api_key.place() != KEYRING)
 
     def _refresh_clients(self) -> None:
         if self.server is not None:

@@ -1,23 +1,30 @@
 """"Connect to rig": the address of a headless `rigllm serve` and its admin key (which opens its /admin API
 and also its OpenAI routes, so the app needs that one key).
 
-The key is filled in from the keyring when one is kept for that host and port, and kept there when
-"Remember" is on (service "rigllm", user "rig-key:HOST:PORT"); it never goes into the settings file.
-Nothing here touches the network: the main window checks the address and key off the GUI thread.
+The key is filled in when one is kept for that host and port, and kept when "Remember" is on: in the
+keyring (service "rigllm", user "rig-key:HOST:PORT") when one is usable, and then Remember starts
+ticked; else in a file only the user can read, which the box's label names, and then it starts
+unticked. It never goes into the settings file, and failing to keep it never stops the connection
+(`notice` says why). Nothing here touches the network: the main window checks the address and key off
+the GUI thread.
 """
 
 from __future__ import annotations
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QSpinBox,
                                QVBoxLayout, QWidget)
 
 from engine.errors import RigllmError
 
-from app.rig_client import RigLink, store_rig_key, stored_rig_key
+from app.key_store import keys_dir, secure_keyring
+from app.rig_client import RigLink, rig_key_store
 from app.theme import set_style
 
 
 class ConnectDialog(QDialog):
+    notice = Signal(str)
+
     def __init__(self, host: str = "", port: int = 8000, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Connect to rig")
@@ -29,8 +36,14 @@ class ConnectDialog(QDialog):
         self.port = QSpinBox(minimum=1, maximum=65535, value=port)
         self.key = QLineEdit(placeholderText="the key in the rig's /etc/rigllm/admin-key")
         self.key.setEchoMode(QLineEdit.Password)
-        self.remember = QCheckBox("Remember the key in the system keyring")
-        self.remember.setChecked(True)
+        backend, why_not = secure_keyring()
+        self.has_keyring = backend is not None
+        if self.has_keyring:
+            self.remember = QCheckBox("Remember the key in the system keyring")
+        else:
+            self.remember = QCheckBox(f"Remember the key in a file only you can read (in {keys_dir()}, mode 0600)")
+            self.remember.setToolTip(why_not)
+        self.remember.setChecked(self.has_keyring)
         form.addRow("Host", self.host)
         form.addRow("Port", self.port)
         form.addRow("Admin key", self.key)
@@ -53,13 +66,16 @@ class ConnectDialog(QDialog):
         host = self.host.text().strip()
         if not host:
             return
+        store = rig_key_store(host, self.port.value())
         try:
-            key = stored_rig_key(host, self.port.value())
+            key, _where = store.read()
         except RigllmError as err:
             self.error.setText(str(err))
             return
         if key:
             self.key.setText(key)
+        if store.in_file():
+            self.remember.setChecked(True)  # kept in its file before: the user chose that
 
     def link(self) -> RigLink:
         return RigLink(self.host.text().strip(), self.port.value(), self.key.text().strip())
@@ -69,10 +85,19 @@ class ConnectDialog(QDialog):
         if not link.host:
             self.error.setText("enter the rig's host name or address")
             return
-        if self.remember.isChecked() and link.key:
-            try:
-                store_rig_key(link)
-            except RigllmError as err:
-                self.error.setText(str(err))
-                return
+        problem = self._keep_key(link) if self.remember.isChecked() and link.key else ""
         super().accept()
+        if problem:
+            self.notice.emit(f"connecting without remembering the key: {problem}")
+
+    def _keep_key(self, link: RigLink) -> str:
+        """Keep the key where the Remember box says; "" when kept, else why not (never raises)."""
+        store = rig_key_store(link.host, link.port)
+        try:
+            if self.has_keyring and not store.in_file():
+                store.write_keyring(link.key)
+            else:
+                store.write_file(link.key)
+        except (RigllmError, OSError) as err:
+            return str(err)
+        return ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QTimer, Qt
+from PySide6.QtCore import QSettings, QTimer, Qt, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QPushButton,
                                QSplitter, QTabWidget)
@@ -42,6 +42,8 @@ UNDO_SECONDS = 15
 
 
 class MainWindow(QMainWindow):
+    notified = Signal(str)  # each status-bar notice, as `notify` shows it
+
     def __init__(self, store: ChatStore, qsettings: QSettings, source: TelemetrySource, poll_ms: int = POLL_MS):
         super().__init__()
         self.setWindowTitle("rigllm")
@@ -89,6 +91,11 @@ class MainWindow(QMainWindow):
 
         self.status_line = QLabel("no model loaded")
         self.statusBar().addPermanentWidget(self.status_line)
+        # Notices in a wrapping label, not showMessage (which cuts a long reason off at the window's edge).
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.message.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.statusBar().addWidget(self.message, 1)
         self.undo_button = QPushButton()
         self.undo_button.setVisible(False)
         self.undo_button.clicked.connect(self._undo_delete)
@@ -212,6 +219,7 @@ class MainWindow(QMainWindow):
         dialog = ConnectDialog(self.settings.rig_host, self.settings.rig_port, self)
         dialog.setAttribute(Qt.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.connect_rig(dialog.link()))
+        dialog.notice.connect(self.notify)
         dialog.show()
         return dialog
 
@@ -392,7 +400,10 @@ class MainWindow(QMainWindow):
         self.update_status()  # its rich text carries the theme's colours
 
     def notify(self, message: str) -> None:
-        self.statusBar().showMessage(message, 10000)
+        """Show `message` whole in the status bar (wrapped onto more lines when long) until the next one."""
+        self.message.setText(message)
+        self.message.setToolTip(message)
+        self.notified.emit(message)
 
     def closeEvent(self, event) -> None:
         if self.chat.stream is not None:

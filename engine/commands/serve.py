@@ -102,7 +102,7 @@ def is_loopback(host: str) -> bool:
 def api_key(args: argparse.Namespace) -> str | None:
     """The key from --api-key, --api-key-file or the keyring; checked against the bind address before anything loads."""
     from engine.errors import RigllmError
-    from engine.server.access import key_from_file, key_from_keyring
+    from engine.api_keys import key_from_file, key_from_keyring
 
     if args.use_keyring:
         key = key_from_keyring()
@@ -119,7 +119,7 @@ def api_key(args: argparse.Namespace) -> str | None:
 def admin_access(args: argparse.Namespace, key: str | None) -> tuple[bool, str | None]:
     """Whether the admin API is on, and its key; refuses the combinations that would share or drop a key."""
     from engine.errors import RigllmError
-    from engine.server.access import key_from_file
+    from engine.api_keys import key_from_file
 
     admin_key = key_from_file(args.admin_key_file) if args.admin_key_file else args.admin_key
     if admin_key is not None and admin_key == key:

@@ -1,8 +1,8 @@
 """`rigllm doctor`: find the setup problems that stop a rig (driver, cards, compiler, RAM, disk) and say how to fix each.
 
 Works on any machine: without a GPU, pycuda or NVML each probe reports what is absent and the
-checks that need none of them (NVRTC, RAM, disk) still run. Every probe is guarded, so a broken
-driver or file yields a finding, never a traceback.
+checks that need none of them (NVRTC, RAM, disk, the desktop's system libraries) still run. Every
+probe is guarded, so a broken driver or file yields a finding, never a traceback.
 
     from engine.diagnostics import run_doctor, render_text
     print(render_text(run_doctor(model=Path("model.gguf"))))
@@ -22,6 +22,7 @@ from engine.diagnostics.kernel_checks import kernel_check
 from engine.diagnostics.nvml import NvmlProbe, probe_nvml
 from engine.diagnostics.pci import PciCard, nvidia_cards
 from engine.diagnostics.pycuda_check import pycuda_check
+from engine.diagnostics.qt_platform import desktop_check
 
 
 T = TypeVar("T")
@@ -47,6 +48,7 @@ def run_doctor(model: Path | None = None, read_bytes: int = DEFAULT_READ_BYTES) 
         guarded("NVRTC", lambda: kernel_check(archs)),
         guarded("pycuda", lambda: pycuda_check(bool(cards))),
         guarded("host RAM", ram_check),
+        guarded("desktop", desktop_check),
     ]
     if model is not None:
         links = [c.link_mb_per_s for c in cards if c.cuda_index is not None and c.link_mb_per_s]

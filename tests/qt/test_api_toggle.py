@@ -9,14 +9,14 @@ import pytest
 
 from conftest import free_port
 
-from engine.server.access import KEYRING_SERVICE, KEYRING_USER, key_from_keyring
+from engine.api_keys import KEYRING_SERVICE, KEYRING_USER, key_from_keyring
 
 
 def test_toggle_serves_a_request_with_the_stored_key(qtbot, window, memory_keyring):
     panel = window.api
     panel.port.setValue(free_port())
     panel.toggle.setChecked(True)
-    assert panel.server is not None, window.statusBar().currentMessage()
+    assert panel.server is not None, window.message.text()
     key = memory_keyring.values[(KEYRING_SERVICE, KEYRING_USER)]
     assert key_from_keyring() == key and len(key) >= 32  # the key `rigllm serve` would read
     assert panel.key.text() == key and panel.key.echoMode() == panel.key.EchoMode.Password
@@ -64,4 +64,4 @@ def test_a_port_in_use_is_reported_and_the_toggle_stays_off(qtbot, window, memor
         window.api.port.setValue(busy.getsockname()[1])
         window.api.toggle.setChecked(True)
     assert window.api.server is None and not window.api.toggle.isChecked()
-    assert "cannot listen" in window.statusBar().currentMessage()
+    assert "cannot listen" in window.message.text()

@@ -151,5 +151,5 @@ def test_the_editing_notice_goes_away_once_the_edit_is_sent(qtbot, window):
     chat.composer.text.setPlainText("first question, edited")
     chat.composer.send_button.click()
     assert not chat.edit_bar.isVisibleTo(chat)
-    assert "Editing" not in window.statusBar().currentMessage()
+    assert "Editing" not in window.message.text()
     qtbot.waitUntil(lambda: chat.stream is None, timeout=60_000)

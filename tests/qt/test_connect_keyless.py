@@ -39,7 +39,7 @@ def test_an_empty_key_sends_no_authorization_header():
 
 
 def test_an_empty_key_connects_to_a_keyless_rig(qtbot, window, keyless_rig):
-    notices = Recorder(window.statusBar().messageChanged)
+    notices = Recorder(window.notified)
     window.connect_rig(keyless_rig)
     qtbot.waitUntil(lambda: window.rig_link is not None, timeout=20_000)
     qtbot.waitUntil(lambda: any("connected to rig" in str(c[0]) for c in notices.calls), timeout=20_000)
@@ -50,7 +50,7 @@ def test_an_empty_key_connects_to_a_keyless_rig(qtbot, window, keyless_rig):
 
 def test_a_rig_that_cannot_be_reached_leaves_the_local_model_loaded(qtbot, window):
     local = window.engine
-    notices = Recorder(window.statusBar().messageChanged)
+    notices = Recorder(window.notified)
     window.connect_rig(RigLink("127.0.0.1", free_port(), ""))  # nothing listens there
     qtbot.waitUntil(lambda: any("could not connect" in str(c[0]) for c in notices.calls), timeout=20_000)
     assert window.engine is local and window.rig_link is None and window.loader is window.local_loader

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from conftest import Recorder, free_port, served_in_process
 
-from engine.server.access import KEYRING_SERVICE
+from engine.api_keys import KEYRING_SERVICE
 from engine.telemetry import NO_GPU
 
 from app.remote_engine import RemoteChatEngine
@@ -141,9 +141,9 @@ def test_a_wrong_key_is_reported_and_the_app_stays_local(qtbot, bare_window, ser
     link, _proc = served_rig
     win = bare_window
     win.connect_rig(replace(link, key="wrong"))
-    qtbot.waitUntil(lambda: "could not connect" in win.statusBar().currentMessage(), timeout=30_000)
+    qtbot.waitUntil(lambda: "could not connect" in win.message.text(), timeout=30_000)
     assert win.rig_link is None
-    assert "401" in win.statusBar().currentMessage() and win.loader is win.local_loader
+    assert "401" in win.message.text() and win.loader is win.local_loader
 
 
 def test_unload_from_the_app_frees_the_rig(qtbot, bare_window, served_rig):

@@ -2,7 +2,7 @@
 
 transformers' own renderer (`render_jinja_template`, what `apply_chat_template` calls) is the
 reference for jinja semantics; the official Qwen3.5 template (from the llama-cpp-python sdist) is the
-reference for what the fallback must produce.
+reference for what the fallback must produce; the tests that read it are peer tests (a download).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from chat_template_fixtures import CONVERSATIONS, REFUSED, official_qwen35_template
+from llama_sdist import needs_sdist
 from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH, ChatTemplate, ChatTemplateError
 
 chat_template_utils = pytest.importorskip("transformers.utils.chat_template_utils")
@@ -52,6 +53,7 @@ def test_renderer_matches_transformers_on_the_fallback(fallback: str, case: str)
         assert rendered == expected
 
 
+@needs_sdist
 @pytest.mark.parametrize("enable_thinking", THINKING)
 @pytest.mark.parametrize("case", sorted(CONVERSATIONS))
 def test_renders_like_transformers_and_official(official: str, fallback: str, case: str,
@@ -68,6 +70,7 @@ def test_renders_like_transformers_and_official(official: str, fallback: str, ca
         assert expected.endswith("<|im_start|>assistant\n<think>\n")
 
 
+@needs_sdist
 def test_history_turns_without_generation_prompt(official: str, fallback: str) -> None:
     messages, tools, _ = CONVERSATIONS["grouped_tool_responses_and_answer"]
     expected, _ = chat_template_utils.render_jinja_template(
@@ -77,6 +80,7 @@ def test_history_turns_without_generation_prompt(official: str, fallback: str) -
         assert ChatTemplate(source).render(messages, tools=tools, add_generation_prompt=False) == expected[0]
 
 
+@needs_sdist
 def test_json_string_arguments_render_like_mappings(official: str, fallback: str) -> None:
     """OpenAI clients send `arguments` as a JSON string; the prompt must be the one for the mapping."""
     messages, tools, _ = CONVERSATIONS["grouped_tool_responses_and_answer"]
@@ -90,6 +94,7 @@ def test_json_string_arguments_render_like_mappings(official: str, fallback: str
         assert ChatTemplate(source).render(as_strings, tools=tools) == expected
 
 
+@needs_sdist
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_refuses_like_the_official_template(official: str, fallback: str, case: str) -> None:
     messages, message = REFUSED[case]
@@ -101,6 +106,7 @@ def test_refuses_like_the_official_template(official: str, fallback: str, case: 
         assert str(err.value) == message
 
 
+@needs_sdist
 def test_fallback_keeps_the_official_tool_instructions_verbatim(official: str, fallback: str) -> None:
     """The instruction block is data the model was trained on; compare it directly, not only via renders."""
     messages, tools, _ = CONVERSATIONS["tools_only"]

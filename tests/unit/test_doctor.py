@@ -51,7 +51,7 @@ def test_doctor_on_a_machine_without_gpu_reports_it_and_still_checks_the_rest(ca
     report = json.loads(capsys.readouterr().out)
     assert status == 1 and report["ok"] is False
     names = [c["name"] for c in report["checks"]]
-    assert names == ["driver", "cards", "NVRTC", "pycuda", "host RAM", "disk"]
+    assert names == ["driver", "cards", "NVRTC", "pycuda", "host RAM", "desktop", "disk"]
     assert any("no NVIDIA GPU" in p["what"] for p in report["problems"])
     assert not any("probe failed" in p["what"] for p in report["problems"])
     disk = report["checks"][-1]["data"]
@@ -166,8 +166,9 @@ def test_run_doctor_never_raises_when_every_probe_breaks(monkeypatch):
     def boom(*_a, **_k):
         raise OSError("simulated")
 
-    for name in ("probe_driver", "probe_nvml", "nvidia_cards", "ram_check", "kernel_check", "pycuda_check"):
+    for name in ("probe_driver", "probe_nvml", "nvidia_cards", "ram_check", "kernel_check", "pycuda_check",
+                 "desktop_check"):
         monkeypatch.setattr(f"engine.diagnostics.{name}", boom)
     checks = run_doctor()
-    assert [c.name for c in checks] == ["driver", "cards", "NVRTC", "pycuda", "host RAM"]
-    assert sum("probe failed" in p.what for c in checks for p in c.problems) == 3
+    assert [c.name for c in checks] == ["driver", "cards", "NVRTC", "pycuda", "host RAM", "desktop"]
+    assert sum("probe failed" in p.what for c in checks for p in c.problems) == 4

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: tuple[tuple[str, ...], ...] = (  # bottom first; a package may import only the layers before its own
     ("engine.errors", "engine.paths", "engine.telemetry"),
+    ("engine.api_keys",),  # the API key's stored places, read by `rigllm serve` and the app alike
     ("engine.gguf",),
     ("engine.model",),  # model-level facts: KV formats, special tokens, footprint, memory plan, load progress
     ("engine.reference",),

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import llama_sdist
 import pytest
 from gguf import TokenType
 from tokenizer_fixtures import (
     CHAT_TEXT,
+    TOKENIZER_NAMES,
     qwen35_tokenizer,
     qwen35_vocab_path,
     trained,
@@ -33,7 +35,7 @@ def test_specials_matched_whole_with_parse_special() -> None:
     ]
 
 
-@pytest.mark.parametrize("which", ["trained", "qwen35"])
+@pytest.mark.parametrize("which", TOKENIZER_NAMES)
 def test_plain_text_mode_never_creates_special_ids(which: str) -> None:
     tok = trained_tokenizer() if which == "trained" else qwen35_tokenizer()
     ids = tok.encode(CHAT_TEXT, parse_special=False)
@@ -87,6 +89,7 @@ def test_eos_ids_are_the_eog_strings_plus_the_gguf_eos() -> None:
     assert odd.eos_ids == tok.eos_ids | {t.token_id("<think>")}
 
 
+@llama_sdist.needs_sdist
 def test_special_ids_are_control_and_user_defined_tokens() -> None:
     tok = trained_tokenizer()
     assert tok.special_ids == {tok.token_to_id(s) for s in QWEN35_SPECIAL_TOKENS}
@@ -95,6 +98,7 @@ def test_special_ids_are_control_and_user_defined_tokens() -> None:
     assert real.eos_ids == {151643, 151645}
 
 
+@llama_sdist.needs_sdist
 def test_vocab_only_gguf_of_another_architecture_opens(tmp_path: Path) -> None:
     mf = ModelFile(qwen35_vocab_path())
     assert mf.architecture == "qwen2" and not mf.tensors

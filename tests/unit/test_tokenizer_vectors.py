@@ -6,6 +6,7 @@ import llama_sdist
 from tokenizer_fixtures import qwen35_tokenizer, vocab_test_vectors
 
 
+@llama_sdist.needs_sdist
 def test_qwen35_vocab_test_vectors_match() -> None:
     vectors = vocab_test_vectors(llama_sdist.QWEN35_VOCAB)
     assert len(vectors) >= 40

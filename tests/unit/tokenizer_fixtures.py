@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import gguf
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for llama_sdist
 
@@ -51,6 +52,10 @@ CHAT_TEXT = (
     "<|im_start|>assistant\n<think>\nThe user greets.\n</think>\n\nHello!<|im_end|>\n"
     "<|im_start|>assistant\n<tool_call>\n<function=f>\n</function>\n</tool_call><|im_end|><|endoftext|>"
 )
+
+
+# The tokenizers tests run on: "qwen35" reads the real vocabulary from the sdist, so it is a peer test.
+TOKENIZER_NAMES = ["trained", pytest.param("qwen35", marks=llama_sdist.needs_sdist)]
 
 
 @lru_cache(maxsize=1)

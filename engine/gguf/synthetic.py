@@ -9,7 +9,9 @@ of a `dt` in [1e-3, 0.1] (transformers' initialisation), conv taps in ±0.5.
 Memory stays flat whatever the size: tensors are generated, encoded and written one at a time,
 each in row chunks of at most `CHUNK_ELEMENTS` values (engine.gguf.gguf_stream). Q8_0 matrices are
 generated directly as blocks (a per-block f16 scale and uniform int8 values), which is both exact
-Q8_0 data and several times faster than generating floats and quantizing them.
+Q8_0 data and several times faster than generating floats and quantizing them; K-quant matrices
+likewise (`engine.gguf.kquant_blocks.random_kquant_rows`). The K-quant file types take llama.cpp's
+quantizer's per-tensor types (`engine.gguf.tensor_plan`: Q6_K output and some attn_v/attn_qkv/ffn_down).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from gguf.quants import quantize
 
 from engine.gguf.config import ModelConfig
 from engine.gguf.gguf_stream import PlannedTensor, TensorStream
+from engine.gguf.kquant_blocks import KQUANT_TYPES, random_kquant_rows
 from engine.gguf.metadata import (
-    FILE_TYPES,
     named_metadata,
     new_writer,
     write_general_keys,
@@ -33,8 +35,7 @@ from engine.gguf.metadata import (
     write_quantization_version,
 )
 from engine.gguf.synthetic_vocab import QWEN35_VOCAB_SIZE, synthetic_qwen35_vocab
-from engine.gguf.tensor_layout import model_tensors
-from engine.gguf.tensor_types import tensor_type
+from engine.gguf.tensor_plan import file_type_of, planned_types
 from engine.gguf.vocab import Vocab, write_vocab
 
 CHUNK_ELEMENTS = 1 << 23  # values generated per chunk (32 MiB as float32)
@@ -55,14 +56,13 @@ def write_random_model(
 ) -> Path:
     """Write `cfg` with random weights to `path` and return the path.
 
-    `weight_type` is the file type ("f32", "f16", "bf16", "q8_0"); per-tensor types follow llama.cpp's
-    converter rules (norms, 1-D tensors and `ssm_conv1d` stay F32). Without `vocab`, `cfg.vocab_size`
+    `weight_type` is the file type ("f32", "f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"); per-tensor
+    types follow llama.cpp's converter rules (norms, 1-D tensors and `ssm_conv1d` stay F32), and its
+    quantizer's for the K-quant types. Without `vocab`, `cfg.vocab_size`
     must be the real 248,320 and the generated Qwen3.5 vocabulary is used; `chat_template` (if given)
     replaces the vocabulary's template. The same arguments always give the same file.
     """
-    if weight_type not in FILE_TYPES:
-        raise ValueError(f"weight_type must be one of {', '.join(FILE_TYPES)}, not '{weight_type}'")
-    file_type = FILE_TYPES[weight_type]
+    file_type = file_type_of(weight_type)
     if vocab is None:
         if cfg.vocab_size != QWEN35_VOCAB_SIZE:
             raise ValueError(f"the generated vocabulary has {QWEN35_VOCAB_SIZE} tokens; pass a vocab for {cfg.vocab_size}")
@@ -72,7 +72,7 @@ def write_random_model(
     if len(vocab.tokens) != cfg.vocab_size:
         raise ValueError(f"vocab has {len(vocab.tokens)} tokens, the config says {cfg.vocab_size}")
 
-    planned = [PlannedTensor(n, s, tensor_type(n, s, file_type)) for n, s in model_tensors(cfg)]
+    planned = [PlannedTensor(n, s, t) for n, s, t in planned_types(cfg, weight_type)]
     total_params = sum(t.n_elements for t in planned)
     meta = named_metadata(name or "rigllm synthetic (random weights)", total_params)
 
@@ -111,6 +111,8 @@ def random_tensor_chunks(t: PlannedTensor, rng: np.random.Generator) -> Iterator
         n = min(step, rows - start)
         if t.qtype == GGMLQuantizationType.Q8_0:
             yield random_q8_0_rows(n, cols, half_width, rng)
+        elif t.qtype in KQUANT_TYPES:
+            yield random_kquant_rows(n, cols, half_width, t.qtype, rng)
         else:
             values = rng.random((n, cols), dtype=np.float32)
             values = (values * np.float32(2 * half_width) - np.float32(half_width)).astype(np.float32)

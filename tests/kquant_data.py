@@ -55,10 +55,11 @@ def kq_error_bound(raw: np.ndarray, qtype: GGMLQuantizationType, w: np.ndarray, 
 
 def kquant_tiny_config(tied: bool = False) -> ModelConfig:
     """A 4-layer qwen35 shape whose every matmul input width is a multiple of 256 (K-quant rows need it):
-    D 256, F 512, 4 heads of 64 sharing one KV head, 2 GDN value heads of 128; the real vocabulary size."""
+    D 256, F 512, 4 heads of 64 sharing one KV head, 2 GDN key and value heads of 128 (llama.cpp loads
+    GDN layers with equal key and value head widths only); the real vocabulary size."""
     return ModelConfig(
         d_model=256, d_ff=512, n_layers=4, n_mtp=0, n_head=4, n_head_kv=1, head_dim=64, rope_dims=64,
         rope_sections=DEFAULT_ROPE_SECTIONS, rope_theta=10_000_000.0, rms_eps=1e-6, context_length=4096,
-        ssm_conv_kernel=4, ssm_d_state=64, ssm_n_k_heads=2, ssm_n_v_heads=2, ssm_d_inner=256,
+        ssm_conv_kernel=4, ssm_d_state=128, ssm_n_k_heads=2, ssm_n_v_heads=2, ssm_d_inner=256,
         tied_embeddings=tied, vocab_size=QWEN35_VOCAB_SIZE,
     )

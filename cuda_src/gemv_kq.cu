@@ -15,6 +15,7 @@
 // and token and shared by the R rows. A warp-shuffle reduction ends each row; no shared memory. Warps stride
 // over row groups (grid-stride): any grid size is correct.
 #include "kquant.cuh"
+#include "matmul_store.cuh"
 
 template <int TYPE, int T, int R, int U>
 __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
@@ -84,25 +85,7 @@ __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w
             }
         }
 
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int t = 0; t < T; ++t) acc[r][t] = rigllm::warp_sum(acc[r][t]);
-
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = row0 + r;
-            const int seg = (row >= end0) + (row >= end1) + (row >= end2);
-            const int start = seg == 0 ? 0 : seg == 1 ? end0 : seg == 2 ? end1 : end2;
-            const int end = seg == 0 ? end0 : seg == 1 ? end1 : seg == 2 ? end2 : rows;
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                if (lane == r * T + t && row < rows) {
-                    const size_t o = (size_t)start * T + (size_t)t * (end - start) + (row - start);
-                    y[o] = residual ? residual[o] + acc[r][t] : acc[r][t];
-                }
-            }
-        }
+        rigllm::gemv_warp_store<R, T>(acc, row0, rows, end0, end1, end2, y, residual);
     }
 }
 

@@ -44,15 +44,19 @@ def kq_case(card, rng, qtype, rows, k, tokens):
     return raw, w, weight, act, x
 
 
+def check_matmul(card, rng, kernel, qtype, rows: int, k: int, tokens: int) -> None:
+    raw, w, weight, act, x = kq_case(card, rng, qtype, rows, k, tokens)
+    y = card.alloc(4 * rows * tokens, "test.y")
+    kernel(card, weight, act, y, tokens)
+    assert_within(y.download(np.float32, (tokens, rows)), x.astype(np.float64) @ w.T,
+                  kq_error_bound(raw, qtype, w, x), f"{kernel.__name__} {qtype.name} T={tokens} [{rows}x{k}]")
+
+
 @pytest.mark.parametrize("tokens", range(1, MAX_GEMV_TOKENS + 1))
 @pytest.mark.parametrize("rows,k", GEMV_SHAPES)
 @pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
 def test_gemv_matches_numpy(card, rng, qtype, rows, k, tokens):
-    raw, w, weight, act, x = kq_case(card, rng, qtype, rows, k, tokens)
-    y = card.alloc(4 * rows * tokens, "test.y")
-    gemv_kq(card, weight, act, y, tokens)
-    assert_within(y.download(np.float32, (tokens, rows)), x.astype(np.float64) @ w.T,
-                  kq_error_bound(raw, qtype, w, x), f"gemv {qtype.name} T={tokens} [{rows}x{k}]")
+    check_matmul(card, rng, gemv_kq, qtype, rows, k, tokens)
 
 
 @pytest.mark.parametrize("variant", list(KQ_T1_VARIANTS))
@@ -72,11 +76,7 @@ def test_t1_variants_and_a_single_block_grid(card, rng, qtype, variant):
 @pytest.mark.parametrize("rows,k", GEMM_SHAPES)
 @pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
 def test_gemm_matches_numpy(card, rng, qtype, rows, k, tokens):
-    raw, w, weight, act, x = kq_case(card, rng, qtype, rows, k, tokens)
-    y = card.alloc(4 * rows * tokens, "test.y")
-    gemm_kq(card, weight, act, y, tokens)
-    assert_within(y.download(np.float32, (tokens, rows)), x.astype(np.float64) @ w.T,
-                  kq_error_bound(raw, qtype, w, x), f"gemm {qtype.name} T={tokens} [{rows}x{k}]")
+    check_matmul(card, rng, gemm_kq, qtype, rows, k, tokens)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 8, 70])

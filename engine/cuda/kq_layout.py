@@ -18,24 +18,37 @@ from engine.gguf.kquant_blocks import BLOCK_BYTES, KQUANT_TYPES, QK_K
 Q = GGMLQuantizationType
 
 
+ROW_CHUNK_BLOCKS = 1 << 16  # Q6_K blocks repacked at a time (13.8 MB of input): host memory stays small
+
+
 def device_layout(raw: np.ndarray, qtype: Q, rows: int, k: int) -> np.ndarray:
     """GGUF `qtype` bytes of a [rows, k] matrix → the flat uint8 buffer the kernels read."""
     if qtype not in KQUANT_TYPES:
         raise ValueError(f"not a K-quant type: {qtype.name}")
     if k % QK_K:
         raise ValueError(f"{qtype.name} rows must hold a multiple of {QK_K} values, not {k}")
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, k // QK_K, BLOCK_BYTES[qtype])
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows * (k // QK_K), BLOCK_BYTES[qtype])
     if qtype != Q.Q6_K:
         return blocks.reshape(-1)
-    n = rows * (k // QK_K)
-    b = blocks.reshape(n, BLOCK_BYTES[qtype])
-    ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208], b[:, 208:210]
-    # q values of ggml's block: value 128 h + 32 g + l has low bits in ql[64 h + 32 (g % 2) + l] >> 4 (g // 2)
-    # and high bits in qh[32 h + l] >> 2 g
+    n = blocks.shape[0]  # super-blocks, in row-major order: the four arrays are row-major too
+    out = np.empty(n * BLOCK_BYTES[qtype], np.uint8)
+    q4, qh4 = out[: 128 * n].reshape(n, 128), out[128 * n : 192 * n].reshape(n, 64)
+    sc, d = out[192 * n : 208 * n].reshape(n, 16), out[208 * n :].reshape(n, 2)
+    for first in range(0, n, ROW_CHUNK_BLOCKS):
+        part = slice(first, min(n, first + ROW_CHUNK_BLOCKS))
+        q4[part], qh4[part] = _q6_k_payload(blocks[part])
+        sc[part], d[part] = blocks[part, 192:208], blocks[part, 208:210]
+    return out
+
+
+def _q6_k_payload(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(q4 [n][128], qh [n][64]) of n ggml Q6_K blocks in the device order (module docstring)."""
+    n = b.shape[0]
+    # value 128 h + 32 g + l of ggml's block has low bits in ql[64 h + 32 (g % 2) + l] >> 4 (g // 2) and
+    # high bits in qh[32 h + l] >> 2 g
+    qlh, qhh = b[:, :128].reshape(n, 2, 2, 32), b[:, 128:192].reshape(n, 2, 32)
     low = np.empty((n, 2, 4, 32), np.uint8)
     high = np.empty((n, 2, 4, 32), np.uint8)
-    qlh = ql.reshape(n, 2, 2, 32)
-    qhh = qh.reshape(n, 2, 32)
     for g in range(4):
         low[:, :, g] = (qlh[:, :, g % 2] >> (4 * (g // 2))) & 15
         high[:, :, g] = (qhh >> (2 * g)) & 3
@@ -43,7 +56,7 @@ def device_layout(raw: np.ndarray, qtype: Q, rows: int, k: int) -> np.ndarray:
     q4 = low[:, :, :32] | (low[:, :, 32:] << 4)  # byte b: value b (low nibble), value 32 + b (high)
     hb = high.reshape(n, 4, 4, 16)  # [unit][s][b]: value 16 s + b
     qh4 = hb[:, :, 0] | (hb[:, :, 1] << 2) | (hb[:, :, 2] << 4) | (hb[:, :, 3] << 6)
-    return np.concatenate([q4.reshape(-1), qh4.reshape(-1), sc.reshape(-1), d.reshape(-1)])
+    return q4.reshape(n, 128), qh4.reshape(n, 64)
 
 
 def device_bytes(qtype: Q, rows: int, k: int) -> int:

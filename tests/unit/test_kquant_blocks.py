@@ -83,3 +83,13 @@ def test_rows_that_are_not_whole_super_blocks_are_refused():
         quantize_kquant(np.zeros((2, 320), np.float32), Q.Q4_K)
     with pytest.raises(ValueError, match="multiple of 256"):
         device_layout(np.zeros((2, 180), np.uint8), Q.Q4_K, 2, 320)
+
+
+def test_q6_k_repack_in_row_chunks_equals_one_pass(monkeypatch):
+    """Large matrices are repacked a chunk of blocks at a time; chunk edges must not move a byte."""
+    import engine.cuda.kq_layout as layout
+
+    raw = random_kquant_bytes(np.random.default_rng(4), Q.Q6_K, 7, 768)
+    whole = layout.device_layout(raw, Q.Q6_K, 7, 768)
+    monkeypatch.setattr(layout, "ROW_CHUNK_BLOCKS", 5)  # 21 blocks: chunks of 5, 5, 5, 5, 1
+    assert np.array_equal(layout.device_layout(raw, Q.Q6_K, 7, 768), whole)

@@ -39,7 +39,7 @@
 // context length). Token tiles vary fastest so the CTAs that share a weight tile run together and
 // the weight tile is read from HBM about once.
 
-#include "common.cuh"
+#include "matmul_store.cuh"
 
 #define GEMM_BR 64       // weight rows per CTA
 #define GEMM_BT 64       // tokens per CTA
@@ -165,19 +165,5 @@ gemm_q8_0_q8_1(const signed char* __restrict__ qs, const __half* __restrict__ dw
         __syncthreads();
     }
 
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int r = r0 + tr + GEMM_LANES * i;
-        if (r >= rows) continue;
-        const int seg = (r >= end0) + (r >= end1) + (r >= end2);
-        const int start = seg == 0 ? 0 : seg == 1 ? end0 : seg == 2 ? end1 : end2;
-        const int end = seg == 0 ? end0 : seg == 1 ? end1 : seg == 2 ? end2 : rows;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int t = t0 + tt + GEMM_LANES * j;
-            if (t >= T) continue;
-            const size_t o = (size_t)start * T + (size_t)t * (end - start) + (r - start);
-            y[o] = residual != nullptr ? residual[o] + acc[i][j] : acc[i][j];
-        }
-    }
+    rigllm::gemm_tile_store(acc, r0, tr, t0, tt, rows, T, end0, end1, end2, y, residual);
 }

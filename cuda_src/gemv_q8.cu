@@ -20,7 +20,7 @@
 // end0 = end1 = end2 = rows. For T = 1 this is just y[row].
 //
 // residual (nullable) is read with the output's own layout; it may alias y (in-place y += W x).
-#include "common.cuh"
+#include "matmul_store.cuh"
 
 template <int T, int R, int U>
 __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq, const __half* __restrict__ wd,
@@ -96,26 +96,7 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
             xdp += 16 * U;
         }
 
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int t = 0; t < T; ++t) acc[r][t] = rigllm::warp_sum(acc[r][t]);
-
-        // Lane r * T + t stores (row0 + r, token t): R * T <= 32 outputs leave the warp in one instruction.
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = row0 + r;
-            const int seg = (row >= end0) + (row >= end1) + (row >= end2);
-            const int start = seg == 0 ? 0 : seg == 1 ? end0 : seg == 2 ? end1 : end2;
-            const int end = seg == 0 ? end0 : seg == 1 ? end1 : seg == 2 ? end2 : rows;
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                if (lane == r * T + t && row < rows) {
-                    const size_t o = (size_t)start * T + (size_t)t * (end - start) + (row - start);
-                    y[o] = residual ? residual[o] + acc[r][t] : acc[r][t];
-                }
-            }
-        }
+        rigllm::gemv_warp_store<R, T>(acc, row0, rows, end0, end1, end2, y, residual);
     }
 }
 

@@ -58,3 +58,35 @@ extern "C" __global__ void __launch_bounds__(256) fill_random_q8_0(signed char* 
         wd[i] = __float2half_rn(scale_lo * (1.0f + (float)(h >> 8) * (1.0f / 16777216.0f)));
     }
 }
+
+// Random K-quant weights (Q4_K, Q5_K, Q6_K; device layouts in kquant.cuh) for speed runs, in two launches on one
+// stream: fill_random_bytes sets every byte from the hash, then set_kq_scales overwrites the fp16 super-block
+// scales so values stay small. Q4_K/Q5_K blocks of `block_bytes` get d = scale and dmin = min_scale (random 6-bit
+// sc and m centre the values in expectation when min_scale = scale * mean(q)); Q6_K (block_bytes == 0) gets
+// d = scale in its d array, the last 2 * n_blocks bytes of the buffer of n_bytes.
+extern "C" __global__ void __launch_bounds__(256) fill_random_bytes(unsigned char* __restrict__ w, long long n_bytes,
+                                                                    unsigned seed) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long n_words = n_bytes >> 2;
+    for (long long i = first; i < n_words; i += stride)
+        reinterpret_cast<unsigned*>(w)[i] = hash_u32((unsigned)i ^ hash_u32(seed ^ (unsigned)(i >> 32)));
+    if (first < (n_bytes & 3)) w[n_words * 4 + first] = (unsigned char)hash_u32(seed + (unsigned)first);
+}
+
+extern "C" __global__ void __launch_bounds__(256) set_kq_scales(unsigned char* __restrict__ w, long long n_bytes,
+                                                                long long n_blocks, int block_bytes, float scale,
+                                                                float min_scale) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const unsigned short d = __half_as_ushort(__float2half_rn(scale));
+    const unsigned short dmin = __half_as_ushort(__float2half_rn(min_scale));
+    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < n_blocks; b += stride) {
+        if (block_bytes > 0) {
+            unsigned short* head = reinterpret_cast<unsigned short*>(w + b * block_bytes);
+            head[0] = d;
+            head[1] = dmin;
+        } else {
+            reinterpret_cast<unsigned short*>(w + n_bytes - 2 * n_blocks)[b] = d;
+        }
+    }
+}

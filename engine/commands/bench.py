@@ -12,12 +12,16 @@ import sys
 from pathlib import Path
 
 TRAINED_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "trained" / "fixture-q8_0.gguf"
+SYNTHETIC_WEIGHTS = ("q8_0", "q4_k_m", "q5_k_m", "q6_k")  # the matrix types the GPU runs (no fp32 weights on the card)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="measure prefill and decode speed on a GPU (JSON output)")
     p.add_argument("model", nargs="?", help="a qwen35 GGUF (omit with --synthetic)")
-    p.add_argument("--synthetic", choices=("0.8b", "9b", "27b"), help="random Q8_0 weights of this shape, made on the GPU")
+    p.add_argument("--synthetic", choices=("0.8b", "9b", "27b"), help="random weights of this shape, made on the GPU")
+    p.add_argument("--weights", choices=SYNTHETIC_WEIGHTS, default="q8_0",
+                   help="--synthetic weight type: q8_0 (default), or a K-quant file type with llama.cpp's per-tensor "
+                        "types (q4_k_m, q5_k_m, q6_k); with --gemv-sweep 1, sweeps that type's K-quant GEMVs")
     p.add_argument("--prompts", default="512,2048,4096,8192,18432", help="prefill lengths, comma-separated")
     p.add_argument("--depths", default="512,4096,18432", help="decode context depths, comma-separated")
     p.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens per GEMM)")
@@ -96,8 +100,8 @@ def _mtp(args: argparse.Namespace, depth: int) -> int:
             cfg, shape = shape_config(args.synthetic), args.synthetic
             if not cfg.n_mtp:
                 raise RigllmError(f"the {shape} shape has no MTP block")
-            weights = random_model_weights(card, cfg)
-            mtp = random_mtp_weights(card, cfg, weights)
+            weights = random_model_weights(card, cfg, weight_type=args.weights)
+            mtp = random_mtp_weights(card, cfg, weights, weight_type=args.weights)
         else:
             from engine.cuda.weights import has_mtp, upload_mtp_weights, upload_weights
             from engine.gguf.loader import load_model
@@ -125,10 +129,31 @@ def _gemv_sweep(args: argparse.Namespace) -> int:
 
     if not args.synthetic:
         raise RigllmError("--gemv-sweep needs --synthetic SHAPE")
+    if args.weights != "q8_0":
+        return _kq_gemv_sweep(args)
     with CudaCard(0) as card:
         result = gemv_sweep(card, args.synthetic, n_tokens=args.gemv_sweep)
     _emit(args, result)
     print(f"{args.gemv_sweep}-token GEMV per step on {args.synthetic} (default {result['default']}):", file=sys.stderr)
+    for name, us in result["per_token_us"].items():
+        print(f"  {name:<24} {us:8.1f} us", file=sys.stderr)
+    return 0
+
+
+def _kq_gemv_sweep(args: argparse.Namespace) -> int:
+    """`--gemv-sweep 1 --weights TYPE`: the T = 1 K-quant GEMV variants in the file type's base type."""
+    from engine.cuda.driver import CudaCard
+    from engine.cuda.bench.kq_bench import kq_gemv_sweep
+    from engine.errors import RigllmError
+    from engine.gguf.tensor_plan import KQUANT_FILE_TYPES
+
+    if args.gemv_sweep != 1:
+        raise RigllmError("K-quant GEMV variants exist for one token only (--gemv-sweep 1)")
+    qtype = KQUANT_FILE_TYPES[args.weights][1]
+    with CudaCard(0) as card:
+        result = kq_gemv_sweep(card, args.synthetic, qtype)
+    _emit(args, result)
+    print(f"{qtype.name} 1-token GEMV per step on {args.synthetic} (default {result['default']}):", file=sys.stderr)
     for name, us in result["per_token_us"].items():
         print(f"  {name:<24} {us:8.1f} us", file=sys.stderr)
     return 0
@@ -174,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             from engine.gguf.shapes import shape_config
 
             cfg, shape = shape_config(args.synthetic), args.synthetic
-            weights = random_model_weights(card, cfg)
+            weights = random_model_weights(card, cfg, weight_type=args.weights)
         else:
             from engine.cuda.weights import upload_weights
             from engine.gguf.loader import load_model
@@ -202,6 +227,6 @@ def run(args: argparse.Namespace) -> int:
         result = run_bench(card, cfg, weights, shape, prompts, depths, chunk=args.chunk)
     finally:
         card.close()
-    _emit(args, {"gpu": result["microbench"]["device"], **result})
+    _emit(args, {"gpu": result["microbench"]["device"], "weights": args.weights if args.synthetic else "file", **result})
     print(render_table(result), file=sys.stderr)
     return 0

@@ -6,6 +6,8 @@ import argparse
 
 from engine.commands.convert import TYPES
 
+SHAPE_TYPES = (*TYPES, "q4_k_m", "q5_k_m", "q6_k")  # mirrors engine.gguf.tensor_plan.WEIGHT_TYPES (a unit test checks)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -20,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kind.add_argument("--variant", help="tiny HF model variant (see the error message for the list)")
     kind.add_argument("--shape", choices=("0.8b", "9b", "27b"), help="released Qwen3.5 size, random weights")
     kind.add_argument("--demo", action="store_true", help="the small demo model the app uses without a model")
-    parser.add_argument("--type", choices=TYPES, default=None, help="weight type (default: f32 for --variant, q8_0 for --shape)")
+    parser.add_argument("--type", choices=SHAPE_TYPES, default=None,
+                        help="weight type (default: f32 for --variant, q8_0 for --shape); the K-quant types "
+                        "(llama.cpp's per-tensor choices) are for --shape only")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.set_defaults(func=run)
 
@@ -53,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         from importlib.util import find_spec
 
+        if args.type is not None and args.type not in TYPES:
+            raise RigllmError(f"--type {args.type} is for --shape; --variant writes {', '.join(TYPES)}")
         if find_spec("torch") is None or find_spec("transformers") is None:
             raise RigllmError("--variant needs torch and transformers (pip install 'rigllm[dev]')")
         from engine.fixtures.tiny_models import VARIANTS, make_tiny_model

@@ -25,7 +25,8 @@ norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache
 quantised format (K/V staged in fp16, then encoded); GDN state fp32 (architecture.md "Precision
 contract").
 
-Matmuls: T <= 8 runs the DP4A GEMV (weights read once for all tokens), larger T the DP4A GEMM tile.
+Matmuls: T <= 8 runs the DP4A GEMV (weights read once for all tokens), larger T the DP4A GEMM tile, each
+in its Q8_0 or K-quant form by weight type (engine.cuda.matmul).
 Stacked weights write segment i as its own [T][rows_i] matrix (engine.cuda.gemv), which is why the
 kernels below receive each segment's pointer and row stride separately.
 """
@@ -42,10 +43,9 @@ from engine.cuda.attention_kernels import (
 )
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
-from engine.cuda.embedding import embed_q8_0
-from engine.cuda.gemm import gemm_q8
 from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
-from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, alloc_q8_activations, gemv_q8, quantize_q8_1
+from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activations, quantize_q8_1
+from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
@@ -119,13 +119,10 @@ class ForwardPass:
         self._anywhere = False  # attention splits sized for the capacity (run_verify, run_block)
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _matmul(self, w: Q8Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
-        if n <= MAX_GEMV_TOKENS:
-            gemv_q8(self.card, w, x, y, n, residual=residual)
-        else:
-            gemm_q8(self.card, w, x, y, n, residual=residual)
+    def _matmul(self, w: Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
+        matmul(self.card, w, x, y, n, residual=residual)
 
-    def _segment(self, w: Q8Weight, index: int, n: int) -> DeviceBuffer:
+    def _segment(self, w: Weight, index: int, n: int) -> DeviceBuffer:
         return w.segment_view(self.proj, index, n)
 
     def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, y: DeviceBuffer | None = None) -> None:
@@ -163,7 +160,7 @@ class ForwardPass:
         x = self.q8[cfg.d_model]
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
         self._norm(last, self.w.output_norm, x, 1)
-        gemv_q8(self.card, self.w.lm_head, x, self.logits, 1)
+        matmul(self.card, self.w.lm_head, x, self.logits, 1)
 
     def run_verify(self, n: int, seq: DeviceSequence, rings: dict[int, GdnRing], hidden: DeviceBuffer) -> None:
         """A speculative verify: the n <= 8 tokens in `ids` continuing `seq` (at its `step`), on the card that
@@ -179,7 +176,7 @@ class ForwardPass:
             self._rings, self._anywhere = None, False
         x = self.q8[cfg.d_model]
         self._norm(self.h, self.w.output_norm, x, n, y=hidden)
-        gemv_q8(self.card, self.w.lm_head, x, self.logits, n)
+        matmul(self.card, self.w.lm_head, x, self.logits, n)
 
     def run_block(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
         """Decoder block i (the MTP block, whose index follows the trunk's) on the n rows in `h`, continuing
@@ -202,12 +199,12 @@ class ForwardPass:
             return
         x = self.q8[cfg.d_model]
         self._norm(self.h, self.w.output_norm, x, n)
-        gemv_q8(self.card, self.w.lm_head, x, self.logits, n)
+        matmul(self.card, self.w.lm_head, x, self.logits, n)
 
     def _layers(self, n: int, seqs: list[DeviceSequence], positions: list[DeviceBuffer | None],
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         if self.embeds:
-            embed_q8_0(self.card, self.w.token_embd, self.ids, self.h, n)
+            embed(self.card, self.w.token_embd, self.ids, self.h, n)
             for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers
                 _rows(self.h, self.cfg.d_model, first, len(block)).upload(np.asarray(block, np.float32))
         for i, layer in zip(self.w.span, self.w.layers):

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.embedding import embed_q8_0
 from engine.cuda.forward import NORM_THREADS_BATCH, NORM_THREADS_DECODE, ForwardPass
-from engine.cuda.gemv import MAX_GEMV_TOKENS, alloc_q8_activations, gemv_q8
+from engine.cuda.gemv import MAX_GEMV_TOKENS, alloc_q8_activations
+from engine.cuda.matmul import embed, matmul
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer
 from engine.cuda.weights import MtpWeights
 from engine.model.kv_formats import KVFormat
@@ -119,7 +119,7 @@ class MtpHead:
         if not 1 <= n <= self.max_rows:
             raise ValueError(f"a head call runs 1..{self.max_rows} rows, not {n}")
         fwd, d = self.fwd, self.cfg.d_model
-        embed_q8_0(self.card, fwd.w.token_embd, ids, fwd.h, n)
+        embed(self.card, fwd.w.token_embd, ids, fwd.h, n)
         self._norm_into(fwd.h, self.w.enorm, n, 0)
         self._norm_into(hidden, self.w.hnorm, n, 1)
         fwd._matmul(self.w.eh_proj, self.x2, fwd.h, n)
@@ -128,7 +128,7 @@ class MtpHead:
             return
         x = fwd.q8[d]
         fwd._norm(fwd.h.view(F32 * (n - 1) * d, F32 * d), self.w.head_norm, x, 1, y=self.out)
-        gemv_q8(self.card, fwd.w.lm_head, x, self.logits_row(logits_row), 1)
+        matmul(self.card, fwd.w.lm_head, x, self.logits_row(logits_row), 1)
 
     def norm_trunk_rows(self, first: int, n: int) -> None:
         """The trunk's final norm of the n rows in the forward pass's `h` → `rows_in` rows [first, first + n)

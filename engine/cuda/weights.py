@@ -1,12 +1,14 @@
 """Upload a GGUF's weights to one card in the layouts the kernels read.
 
-Matmul weights become Q8_0 structure-of-arrays (`engine.cuda.q8_layout`); weights that share an input
+Matmul weights become Q8_0 structure-of-arrays (`engine.cuda.q8_layout`), or stay K-quant (Q4_K, Q5_K,
+Q6_K in the layouts of `engine.cuda.kq_layout`, never re-rounded); weights that share an input
 are stacked row-wise once here so each shared input is quantized once and read by one GEMV/GEMM:
 ffn gate+up, the GDN in-projections (qkv, z, beta, alpha) and attention q, k, v. Q8_0 tensors are
 split without re-rounding; F16/BF16/F32 matmul weights are requantized to Q8_0 at load (contracts.md
 "Model files"), ssm_alpha/ssm_beta included — the reference's kernel-rounding mode keeps F32
 alpha/beta unrounded, so a file with F32 alpha/beta differs from it by that requantization alone.
-Norms, conv1d, ssm_a and dt bias stay fp32.
+Norms, conv1d, ssm_a and dt bias stay fp32. A stack whose matrices differ in kind (a Q4_K_M file's Q6_K
+attn_v beside Q4_K q and k) becomes a `MixedWeight` of same-kind runs (`engine.cuda.matmul`).
 """
 
 from __future__ import annotations
@@ -18,38 +20,41 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.gemv import Q8Weight, upload_q8_weight
+from engine.cuda.gemv import upload_q8_weight
+from engine.cuda.kq_weight import upload_kq_weight
+from engine.cuda.matmul import SingleWeight, Weight, same_kind_runs, stack
 from engine.cuda.q8_layout import split_q8_0
 from engine.model.load_progress import ProgressCounter
 from engine.gguf.config import ModelConfig
+from engine.gguf.kquant_blocks import KQUANT_TYPES
 from engine.gguf.model_file import ModelFile
 
 
 @dataclass(frozen=True)
 class GdnWeights:
     attn_norm: DeviceBuffer
-    in_proj: Q8Weight  # segments: qkv (Cc), z (Cv), beta (Hv), alpha (Hv)
+    in_proj: Weight  # segments: qkv (Cc), z (Cv), beta (Hv), alpha (Hv)
     conv_w: DeviceBuffer  # fp32 [Cc][Kc]
     ssm_a: DeviceBuffer
     dt_bias: DeviceBuffer
     ssm_norm: DeviceBuffer
-    out_proj: Q8Weight
+    out_proj: Weight
 
 
 @dataclass(frozen=True)
 class AttentionWeights:
     attn_norm: DeviceBuffer
-    qkv: Q8Weight  # segments: q+gate (2*H*Dh), k (Hkv*Dh), v (Hkv*Dh)
+    qkv: Weight  # segments: q+gate (2*H*Dh), k (Hkv*Dh), v (Hkv*Dh)
     q_norm: DeviceBuffer
     k_norm: DeviceBuffer
-    out_proj: Q8Weight
+    out_proj: Weight
 
 
 @dataclass(frozen=True)
 class FfnWeights:
     post_attention_norm: DeviceBuffer
-    gate_up: Q8Weight  # segments: gate (F), up (F)
-    down: Q8Weight
+    gate_up: Weight  # segments: gate (F), up (F)
+    down: Weight
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class MtpWeights:
     layer with its FFN); the embedding and the LM head are the trunk's."""
 
     index: int  # block index in the file: n_layers + k
-    eh_proj: Q8Weight  # [D] x [2D], input = [enorm(embedding) ; hnorm(hidden)]
+    eh_proj: Weight  # [D] x [2D], input = [enorm(embedding) ; hnorm(hidden)]
     enorm: DeviceBuffer
     hnorm: DeviceBuffer
     head_norm: DeviceBuffer  # shared_head_norm, or the trunk's output_norm when the file has none
@@ -76,10 +81,10 @@ class ModelWeights:
     """The weights one card holds: trunk layers [first_layer, first_layer + len(layers)), the embedding
     on the card that starts the model, the final norm and LM head on the card that ends it."""
 
-    token_embd: Q8Weight | None
+    token_embd: SingleWeight | None
     layers: tuple[LayerWeights, ...]
     output_norm: DeviceBuffer | None
-    lm_head: Q8Weight | None  # token_embd itself when the embeddings are tied and one card holds both
+    lm_head: SingleWeight | None  # token_embd itself when the embeddings are tied and one card holds both
     first_layer: int = 0
 
     @property
@@ -125,10 +130,20 @@ class _Uploader:
         self._done(name)
         return buf
 
-    def q8(self, *names: str) -> Q8Weight:
-        w = upload_q8_weight(self.card, [q8_parts(self.mf, n) for n in names], "+".join(names))
+    def matrix(self, *names: str) -> Weight:
+        """Matrices sharing one input, stacked: K-quant ones stay K-quant, every other type becomes Q8_0."""
+        types = [self.mf.tensors[n].ggml_type for n in names]
+        kinds = [t if t in KQUANT_TYPES else None for t in types]
+        runs: list[SingleWeight] = []
+        for r in same_kind_runs(kinds):
+            run, qtype = names[r.start:r.stop], kinds[r.start]
+            if qtype is None:
+                runs.append(upload_q8_weight(self.card, [q8_parts(self.mf, n) for n in run], "+".join(run)))
+            else:
+                k = self.mf.tensors[run[0]].numpy_shape[1]
+                runs.append(upload_kq_weight(self.card, qtype, [np.asarray(self.mf.raw(n)) for n in run], k, "+".join(run)))
         self._done(*names)
-        return w
+        return stack(runs)
 
 
 def trunk_bytes(mf: ModelFile, cfg: ModelConfig, span: range | None = None) -> int:
@@ -144,9 +159,9 @@ def upload_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, progress: Pr
     span = range(cfg.n_layers) if span is None else span
     up = _Uploader(card, mf, progress)
     layers = [_layer_weights(up, cfg, i) for i in span]
-    embd = up.q8("token_embd.weight") if card_tensors("token_embd.weight", cfg, span) else None
+    embd = up.matrix("token_embd.weight") if card_tensors("token_embd.weight", cfg, span) else None
     ends = span.stop == cfg.n_layers
-    lm_head = (embd if cfg.tied_embeddings else up.q8("output.weight")) if ends else None
+    lm_head = (embd if cfg.tied_embeddings else up.matrix("output.weight")) if ends else None
     return ModelWeights(embd if span.start == 0 else None, tuple(layers),
                         up.f32("output_norm.weight") if ends else None, lm_head, span.start)
 
@@ -169,7 +184,7 @@ def upload_mtp_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, trunk: M
     p = f"blk.{i}.nextn."
     up = _Uploader(card, mf, None)
     head_norm = up.f32(p + "shared_head_norm.weight") if p + "shared_head_norm.weight" in mf.tensors else trunk.output_norm
-    return MtpWeights(i, up.q8(p + "eh_proj.weight"), up.f32(p + "enorm.weight"), up.f32(p + "hnorm.weight"),
+    return MtpWeights(i, up.matrix(p + "eh_proj.weight"), up.f32(p + "enorm.weight"), up.f32(p + "hnorm.weight"),
                       head_norm, _layer_weights(up, cfg, i))
 
 
@@ -180,24 +195,24 @@ def _layer_weights(up: _Uploader, cfg: ModelConfig, i: int) -> LayerWeights:
     if cfg.is_gdn(i):
         mixer = GdnWeights(
             attn_norm=up.f32(p + "attn_norm.weight"),
-            in_proj=up.q8(p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"),
+            in_proj=up.matrix(p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight", p + "ssm_alpha.weight"),
             conv_w=up.f32(p + "ssm_conv1d.weight"),
             ssm_a=up.f32(p + "ssm_a"),
             dt_bias=up.f32(p + "ssm_dt.bias"),
             ssm_norm=up.f32(p + "ssm_norm.weight"),
-            out_proj=up.q8(p + "ssm_out.weight"),
+            out_proj=up.matrix(p + "ssm_out.weight"),
         )
     else:
         mixer = AttentionWeights(
             attn_norm=up.f32(p + "attn_norm.weight"),
-            qkv=up.q8(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+            qkv=up.matrix(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
             q_norm=up.f32(p + "attn_q_norm.weight"),
             k_norm=up.f32(p + "attn_k_norm.weight"),
-            out_proj=up.q8(p + "attn_output.weight"),
+            out_proj=up.matrix(p + "attn_output.weight"),
         )
     ffn = FfnWeights(
         post_attention_norm=up.f32(p + "post_attention_norm.weight"),
-        gate_up=up.q8(p + "ffn_gate.weight", p + "ffn_up.weight"),
-        down=up.q8(p + "ffn_down.weight"),
+        gate_up=up.matrix(p + "ffn_gate.weight", p + "ffn_up.weight"),
+        down=up.matrix(p + "ffn_down.weight"),
     )
     return LayerWeights(mixer, ffn)

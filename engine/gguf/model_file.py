@@ -20,14 +20,20 @@ from engine.errors import ModelFileError
 from engine.gguf.header import TensorInfo, map_file, parse_header, show
 from engine.gguf.streaming_read import drop_cached
 
-__all__ = ["SUPPORTED_TYPES", "ModelFile", "TensorInfo"]
+__all__ = ["SUPPORTED_ADVICE", "SUPPORTED_TEXT", "SUPPORTED_TYPES", "ModelFile", "TensorInfo"]
 
 SUPPORTED_TYPES = {
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,
     GGMLQuantizationType.BF16,
     GGMLQuantizationType.Q8_0,
+    GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K,
+    GGMLQuantizationType.Q6_K,
 }
+SUPPORTED_TEXT = "Q8_0, Q6_K, Q5_K, Q4_K, F16, BF16, F32"
+# What to tell the owner of a file with another type: the types the GPU kernels run, by their usual file names.
+SUPPORTED_ADVICE = "use a Q8_0, Q6_K, Q5_K_M or Q4_K_M GGUF of this model"
 
 # Types `raw()` returns as typed arrays; every other type comes back as bytes, rows of ne[0]'s blocks.
 _PLAIN_DTYPES = {
@@ -80,7 +86,7 @@ class ModelFile:
         if info.ggml_type not in SUPPORTED_TYPES:
             raise ModelFileError(
                 f"{self.path.name}: tensor {show(name)} has type {info.ggml_type.name}, which rigllm does not support "
-                "(supported: Q8_0, F16, BF16, F32); use a Q8_0 GGUF"
+                f"(supported: {SUPPORTED_TEXT}); {SUPPORTED_ADVICE}"
             )
         values = dequantize(self.raw(name), info.ggml_type)
         return np.ascontiguousarray(values.reshape(info.numpy_shape), dtype=np.float32)

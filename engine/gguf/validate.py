@@ -6,8 +6,8 @@ line naming the file and the problem. Oddities that may be legitimate are return
 errors   wrong architecture (MoE named as such); a missing, mistyped or out-of-range key (§3.1);
          inconsistent widths (`Cv % Hv`, `Hv % Hk`, `H % Hkv`, rotary dims); a tokenizer that is not
          byte-level BPE, token/type/embedding-row counts that disagree, no merges, special ids out of
-         range; a missing tensor, a wrong shape (§4, §16), a type other than Q8_0/F16/BF16/F32 (the
-         message names type and tensor and asks for a Q8_0 file); `ssm_a` not strictly negative (the
+         range; a missing tensor, a wrong shape (§4, §16), a type other than Q8_0/Q4_K/Q5_K/Q6_K/F16/BF16/
+         F32 (the message names type and tensor and the types to look for, e.g. Q4_0, Q5_0, IQ4_XS); `ssm_a` not strictly negative (the
          converter's `-exp(A_log)` is missing: the recurrence would blow up), NaN/inf in a small tensor.
 warnings norm weights averaging near 0 instead of near 1 (the `+1` offset looks missing, but trained
          norms vary, so this is a hint, not proof); IMROPE sections covering fewer pairs than the
@@ -25,7 +25,7 @@ import numpy as np
 from engine.errors import ModelFileError
 from engine.gguf.config import ARCH, ModelConfig
 from engine.gguf.header import show
-from engine.gguf.model_file import SUPPORTED_TYPES, ModelFile
+from engine.gguf.model_file import SUPPORTED_ADVICE, SUPPORTED_TEXT, SUPPORTED_TYPES, ModelFile
 from engine.gguf.tensor_layout import model_tensors
 
 MOE_ARCH = "qwen35moe"
@@ -233,7 +233,7 @@ def check_tensors(mf: ModelFile, cfg: ModelConfig) -> list[str]:
         raise ModelFileError(
             f"{label}: tensor '{first.name}' has type {first.ggml_type.name}"
             f" ({', '.join(f'{n} {k} tensors' for k, n in kinds.items())} in all), which rigllm does not support"
-            " (supported: Q8_0, F16, BF16, F32); use a Q8_0 GGUF of this model"
+            f" (supported: {SUPPORTED_TEXT}); {SUPPORTED_ADVICE}"
         )
     unused = [name for name in mf.tensors if name not in expected]
     if unused:

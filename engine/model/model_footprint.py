@@ -3,7 +3,8 @@
 Weights are counted in the form the GPU backend keeps them (contracts.md "Model files"): large 2-D
 F16/BF16/F32 weights are requantised to Q8_0 at load, so they cost Q8_0 bytes; small tensors (1-D
 norms, `ssm_a`, `ssm_dt.bias`, `ssm_conv1d`, and `ssm_alpha`/`ssm_beta` when stored as F32) run in
-fp32 kernels, so they cost 4 bytes a value; Q8_0 tensors stay as they are. The matmul weights that
+fp32 kernels, so they cost 4 bytes a value; Q8_0 and K-quant (Q4_K, Q5_K, Q6_K) tensors stay as they are
+(the K-quant device layouts hold the file's bytes, engine/cuda/kq_layout.py). The matmul weights that
 run in fp32 are `FP32_KERNEL_SUFFIXES`, which the reference's kernel rounding also reads, so both count the same tensors.
 A footprint comes from a validated file (`footprint_of`) or from a config and the file type it
 would be written in (`footprint_for`, for planning sizes without a file). Context-dependent parts
@@ -18,9 +19,9 @@ from gguf import GGMLQuantizationType
 
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
-from engine.gguf.metadata import FILE_TYPES
 from engine.gguf.tensor_layout import model_tensors
-from engine.gguf.tensor_types import tensor_nbytes, tensor_type
+from engine.gguf.tensor_plan import planned_types
+from engine.gguf.tensor_types import tensor_nbytes
 from engine.gguf.validate import block_of
 from engine.model.kv_formats import KVFormat
 
@@ -97,10 +98,9 @@ def footprint_of(model: LoadedModel) -> Footprint:
 
 
 def footprint_for(cfg: ModelConfig, weight_type: str = "q8_0") -> Footprint:
-    """Footprint of `cfg` written as a `weight_type` file by llama.cpp's converter rules (no file needed)."""
-    file_type = FILE_TYPES[weight_type]
-    typed = [(name, shape, tensor_type(name, shape, file_type)) for name, shape in model_tensors(cfg)]
-    return _footprint(cfg, typed, f"a {weight_type.upper()} file")
+    """Footprint of `cfg` written as a `weight_type` file by llama.cpp's converter rules, or its quantizer's
+    for the K-quant file types (no file needed)."""
+    return _footprint(cfg, planned_types(cfg, weight_type), f"a {weight_type.upper()} file")
 
 
 def _footprint(

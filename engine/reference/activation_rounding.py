@@ -16,9 +16,13 @@ same way). What is rounded, precisely: the input of every matmul against a model
 and the MTP `eh_proj`), except weights listed as fp32 kernels (contracts.md "Model files": `ssm_alpha`
 and `ssm_beta` stored as F32 run in fp32 kernels). Nothing else is rounded: the residual stream,
 norms, RoPE, attention scores and softmax, the KV cache, the conv and the GDN state math stay fp32.
-The weights are used as given: a Q8_0 file is exactly what the kernels multiply, while for an
-F16/BF16/F32 file the GPU backend requantises large weights to Q8_0 at load and the reference does
-not, so backend comparisons in this mode should use Q8_0 files.
+The weights are used as given: a Q8_0 or K-quant (Q4_K, Q5_K, Q6_K) file is exactly what the kernels
+multiply, while for an F16/BF16/F32 file the GPU backend requantises large weights to Q8_0 at load and
+the reference does not, so backend comparisons in this mode should use Q8_0 or K-quant files. The
+K-quant kernels (cuda_src/gemv_kq.cu, gemm_kq.cu) take the same Q8_1 activations and compute each
+32-value block exactly in integers, d·s·Σ(q·xq) − dmin·m·Σxq times the activation scale, so they
+differ from this mode by fp32 summation order only (llama.cpp's MMVQ does the same, except that it
+stores Σxq in fp16, a rounding our kernels do not have).
 """
 
 from __future__ import annotations

@@ -28,14 +28,15 @@ def broken_files(valid: Path, folder: Path) -> dict[str, Path]:
     truncated.write_bytes(valid.read_bytes()[:5000])
     not_gguf = folder / "notes.gguf"
     not_gguf.write_text("just some text\n")
-    q4k = (np.zeros((64, 144), dtype=np.uint8), GGMLQuantizationType.Q4_K)
+    q4_0 = (np.zeros((64, 144), dtype=np.uint8), GGMLQuantizationType.Q4_0)  # 8 Q4_0 blocks of 18 bytes per row
     return {
         "bad magic": not_gguf,
         "truncated": truncated,
         "MoE models are not supported": rewrite_gguf(
             valid, folder / "moe.gguf", set_fields={"general.architecture": "qwen35moe"}
         ),
-        "use a Q8_0 GGUF": rewrite_gguf(valid, folder / "q4k.gguf", set_tensors={"blk.2.ffn_down.weight": q4k}),
+        "use a Q8_0, Q6_K, Q5_K_M or Q4_K_M GGUF": rewrite_gguf(valid, folder / "q4_0.gguf",
+                                                               set_tensors={"blk.2.ffn_down.weight": q4_0}),
     }
 
 

@@ -179,19 +179,22 @@ def test_wrong_conv_shape(valid, tmp_path):
     )
 
 
-def test_k_quant_refused_with_advice(valid, tmp_path):
+def test_k_quant_is_accepted(valid, tmp_path):
     # ffn_down is [F=256 in, D=64 out]: 64 rows of one 256-value Q4_K block (144 bytes)
     q4k = (np.zeros((64, 144), dtype=np.uint8), GGMLQuantizationType.Q4_K)
     changed = broken(valid, tmp_path, set_tensors={"blk.2.ffn_down.weight": q4k})
-    refused(changed, "'blk.2.ffn_down.weight' has type Q4_K", "1 Q4_K tensors", "use a Q8_0 GGUF")
+    assert load_model(changed).type_counts["Q4_K"] == 1
+
 
 
 def test_other_quant_refused(valid, tmp_path):
     q4_0 = (np.zeros((256, 2 * 18), dtype=np.uint8), GGMLQuantizationType.Q4_0)  # ffn_up [64 in, 256 out]
     refused(
         broken(valid, tmp_path, set_tensors={"blk.0.ffn_up.weight": q4_0}),
-        "type Q4_0",
-        "supported: Q8_0, F16, BF16, F32",
+        "'blk.0.ffn_up.weight' has type Q4_0",
+        "1 Q4_0 tensors",
+        "supported: Q8_0, Q6_K, Q5_K, Q4_K, F16, BF16, F32",
+        "use a Q8_0, Q6_K, Q5_K_M or Q4_K_M GGUF",
     )
 
 

@@ -25,13 +25,16 @@ from typing import Any
 import numpy as np
 
 from engine.cuda.driver import CudaCard
-from engine.cuda.gemm import gemm_q8
-from engine.cuda.gemv import alloc_q8_activations
+from gguf import GGMLQuantizationType
+
 from engine.cuda.bench.microbench import run_microbench, time_graph_ms
 from engine.cuda.bench.profile import kernel_breakdown
+from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weight
+from engine.cuda.gemv import Q8Weight, alloc_q8_activations
+from engine.cuda.kq_weight import KQWeight
+from engine.cuda.matmul import MixedWeight, matmul
 from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder
-from engine.cuda.bench.synthetic_weights import random_q8_weight
-from engine.cuda.weights import ModelWeights
+from engine.cuda.weights import GdnWeights, ModelWeights
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotBackend, SlotRequest
 from engine.gguf.config import ModelConfig
@@ -50,16 +53,48 @@ def q8_bytes(rows: int, k: int) -> int:
     return rows * k + 2 * rows * (k // 32)
 
 
-def decode_bytes(cfg: ModelConfig, depth: int) -> int:
+def kquant_types_of(weights: ModelWeights) -> set:
+    """The K-quant types among the model's matrices (for the GEMM measurements)."""
+    found = set()
+    for m in _matrices(weights):
+        for run in (m.runs if isinstance(m, MixedWeight) else (m,)):
+            if isinstance(run, KQWeight):
+                found.add(run.qtype)
+    return found
+
+
+def _matrices(weights: ModelWeights) -> list:
+    out = [weights.lm_head] if weights.lm_head is not None else []
+    for layer in weights.layers:
+        mixer = layer.mixer
+        out += [mixer.in_proj, mixer.out_proj] if isinstance(mixer, GdnWeights) else [mixer.qkv, mixer.out_proj]
+        out += [layer.ffn.gate_up, layer.ffn.down]
+    return out
+
+
+def matrix_read_bytes(weights: ModelWeights, cfg: ModelConfig) -> int:
+    """Weight bytes one decode token reads from `weights` as stored on the card (any mix of Q8_0 and K-quant
+    matrices): every trunk matrix, the LM head and one embedding row."""
+    total = sum(m.nbytes for m in _matrices(weights))
+    if weights.token_embd is not None:
+        total += weights.token_embd.nbytes // cfg.vocab_size
+    return total
+
+
+def decode_bytes(cfg: ModelConfig, depth: int, weights: ModelWeights | None = None) -> int:
     """Bytes one decode token reads: every trunk weight but the embedding table (one row), the LM head,
-    the GDN state (read and written), and the fp16 KV cache up to `depth`."""
+    the GDN state (read and written), and the fp16 KV cache up to `depth`. Weights are counted as Q8_0 of
+    the shape, or as the matrices of `weights` hold them when given (K-quant models)."""
     c = cfg
+    state = len(c.gdn_layers) * 2 * 4 * (c.ssm_n_v_heads * c.ssm_d_state * c.ssm_d_head_v
+                                         + (c.ssm_conv_kernel - 1) * c.ssm_conv_dim)
+    state += len(c.attention_layers) * 2 * c.n_head_kv * depth * c.head_dim * 2
+    if weights is not None:
+        return state + matrix_read_bytes(weights, cfg)
     per_gdn = q8_bytes(c.ssm_conv_dim + c.ssm_d_inner + 2 * c.ssm_n_v_heads, c.d_model) + q8_bytes(c.d_model, c.ssm_d_inner)
-    per_gdn += 2 * 4 * (c.ssm_n_v_heads * c.ssm_d_state * c.ssm_d_head_v + (c.ssm_conv_kernel - 1) * c.ssm_conv_dim)
     per_attn = q8_bytes(2 * c.q_dim + 2 * c.kv_dim, c.d_model) + q8_bytes(c.d_model, c.q_dim)
-    per_attn += 2 * c.n_head_kv * depth * c.head_dim * 2
     ffn = q8_bytes(2 * c.d_ff, c.d_model) + q8_bytes(c.d_model, c.d_ff)
-    return (len(c.gdn_layers) * per_gdn + len(c.attention_layers) * per_attn + c.n_layers * ffn
+    return (state + len(c.gdn_layers) * per_gdn + len(c.attention_layers) * per_attn + c.n_layers * ffn
             + q8_bytes(c.vocab_size, c.d_model) + q8_bytes(1, c.d_model))
 
 
@@ -134,36 +169,47 @@ def render_kv_sweep(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int) -> dict[str, float]:
-    """DP4A TOPS of the prefill GEMM on the FFN gate+up shape (the largest prefill matmul)."""
+def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int, qtype: GGMLQuantizationType | None = None) -> dict[str, Any]:
+    """DP4A TOPS of the prefill GEMM on the FFN gate+up shape (the largest prefill matmul), with Q8_0 weights
+    or K-quant `qtype` ones (2 · rows · K · tokens operations either way, so fractions of the peak compare)."""
     rows, k = 2 * cfg.d_ff, cfg.d_model
-    w = random_q8_weight(card, (cfg.d_ff, cfg.d_ff), k, 77, "bench.gemm.w")
+    if qtype is None:
+        w: Q8Weight | KQWeight = random_q8_weight(card, (cfg.d_ff, cfg.d_ff), k, 77, "bench.gemm.w")
+        buffers = [w.qs, w.d]
+    else:
+        w = random_kq_weight(card, qtype, (cfg.d_ff, cfg.d_ff), k, 77, "bench.gemm.w")
+        buffers = [w.data]
     x = alloc_q8_activations(card, k, n_tokens, "bench.gemm.x")
     x.xq.fill_zero()
     x.xd.fill_zero()
     y = card.alloc(4 * rows * n_tokens, "bench.gemm.y")
     try:
-        ms = time_graph_ms(card, 10, lambda _: gemm_q8(card, w, x, y, n_tokens))
+        ms = time_graph_ms(card, 10, lambda _: matmul(card, w, x, y, n_tokens))
     finally:
-        for buf in (w.qs, w.d, x.xq, x.xd, y):
+        for buf in (*buffers, x.xq, x.xd, y):
             buf.free()
-    return {"rows": rows, "k": k, "tokens": n_tokens, "us": ms * 1e3, "tops": 2 * rows * k * n_tokens / (ms * 1e-3) / 1e12}
+    return {"type": "Q8_0" if qtype is None else qtype.name, "rows": rows, "k": k, "tokens": n_tokens,
+            "us": ms * 1e3, "tops": 2 * rows * k * n_tokens / (ms * 1e-3) / 1e12}
 
 
 def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: str, prompts: tuple[int, ...],
               depths: tuple[int, ...], chunk: int = 256, decode_steps: int = 64,
               streams: tuple[int, ...] = (1, 2, 4, 8)) -> dict[str, Any]:
-    """All measurements for one model; see the module docstring for the method."""
+    """All measurements for one model; see the module docstring for the method. Decode bytes are the
+    matrices as `weights` store them (Q8_0 or K-quant), so read fractions compare across weight types;
+    the K-quant GEMMs the model holds are timed beside the Q8_0 one."""
     micro = run_microbench(card, shape if shape in ("0.8b", "9b", "27b") else "9b")
     read_ceiling = max(g["gb_per_s"] for g in micro["gemv"])
     gemm = gemm_tops(card, cfg, chunk)
+    kq_gemms = [{**g, "fraction_of_dp4a_peak": g["tops"] / micro["dp4a_tops"]}
+                for g in (gemm_tops(card, cfg, chunk, q) for q in sorted(kquant_types_of(weights)))]
     capacity = max(max(prompts), max(depths) + decode_steps + 2) + 8
     dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk)
     prefill = {n: prefill_speed(dec, n) for n in prompts}
     decode = {}
     for depth in depths:
         tps = decode_speed(dec, 1, depth, decode_steps)
-        nbytes = decode_bytes(cfg, depth)
+        nbytes = decode_bytes(cfg, depth, weights)
         gbps = nbytes * tps / 1e9
         decode[depth] = {
             "tokens_per_s": tps, "bytes_per_token": nbytes, "gb_per_s": gbps,
@@ -188,6 +234,8 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "chunk": chunk,
         "ceilings": {"copy_gb_per_s": micro["copy_gb_per_s"], "read_gb_per_s": read_ceiling, "dp4a_tops": micro["dp4a_tops"]},
         "gemm": {**gemm, "fraction_of_dp4a_peak": gemm["tops"] / micro["dp4a_tops"]},
+        "gemm_kquant": kq_gemms,
+        "weight_read_bytes": matrix_read_bytes(weights, cfg),
         "prefill_tokens_per_s": prefill,
         "projected_cmp_prefill_tokens_per_s": {n: tps / dp4a_ratio for n, tps in prefill.items()},
         "decode": decode,
@@ -207,6 +255,8 @@ def render_table(r: dict[str, Any]) -> str:
         f"DP4A {c['dp4a_tops']:.1f} TOPS",
         f"prefill GEMM at {r['gemm']['tokens']} tokens: {r['gemm']['tops']:.1f} TOPS = "
         f"{100 * r['gemm']['fraction_of_dp4a_peak']:.0f}% of DP4A peak",
+        *(f"  {g['type']} GEMM: {g['tops']:.1f} TOPS = {100 * g['fraction_of_dp4a_peak']:.0f}% of DP4A peak"
+          for g in r.get("gemm_kquant", ())),
         "prompt   prefill t/s   projected CMP t/s",
     ]
     for n, tps in r["prefill_tokens_per_s"].items():

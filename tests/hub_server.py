@@ -245,3 +245,16 @@ def fixture_repos(vision: tuple[bytes, bytes] | None = None) -> list[FakeRepo]:
                               {"Qwen3.5-Vision-Tiny-F32.gguf": text, "mmproj-F32.gguf": mmproj,
                                "mmproj-F16.gguf": mmproj}, gguf=QWEN35_GGUF, downloads=10))
     return repos
+
+
+def tiny_vision_files(root: Path) -> tuple[bytes, bytes]:
+    """(text GGUF, mmproj GGUF) bytes of engine.fixtures.tiny_vision's model, converted as rigllm converts it
+    (needs torch and transformers: callers importorskip them)."""
+    from engine.fixtures.tiny_vision import make_tiny_vlm
+    from engine.gguf.convert import convert
+    from engine.vision.convert_mmproj import convert_mmproj
+
+    hf_dir = make_tiny_vlm(root / "hf", "gqa2-hv2", seed=0)
+    text = convert(hf_dir, root / "model.gguf", "f32")
+    mmproj = convert_mmproj(hf_dir, root / "mmproj-model.gguf", "f32")
+    return Path(text).read_bytes(), Path(mmproj).read_bytes()

@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from engine.fixtures.demo_model import ensure_demo_model
+    from engine.hub.library import Library
     from engine.server.admin import admin_router
+    from engine.server.admin_models import models_router
     from engine.server.admin_host import DEMO_LABEL, ModelHost, open_with_progress
     from engine.server.admin_logs import install_log_ring
     from engine.server.app import create_app
@@ -169,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
             app = create_app(host, key, cors_origins)
             app.include_router(admin_router(host, telemetry, ring))
+            app.include_router(models_router(Library()))  # the models folder: RIGLLM_MODELS_DIR or <data dir>/models
             # Stop: uvicorn stops accepting, lets running requests finish for up to the timeout, then cancels
             # them (their jobs are cancelled); host.close() below stops the worker, freeing the cards.
             uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -107,3 +107,16 @@ def _verdict(f: RemoteFile, listing: RepoListing, model: RemoteModel | None, sou
         return Verdict("not priced: no model header could be read")
     fp = model.footprint if f is source else footprint_for(model.config, f.name.quant.lower())  # type: ignore[union-attr]
     return fit_on_cards(with_tower(fp, tower), cards, context, kv)
+
+
+def detected_cards() -> tuple[list[CardProfile], str]:
+    """The NVIDIA cards on this machine as planner profiles (memory other processes use counted), and a note."""
+    from engine.telemetry import open_source
+
+    source = open_source()
+    try:
+        snap = source.read()
+    finally:
+        source.close()
+    cards = [CardProfile(f"card {c.index}", c.memory_total, other_used_bytes=c.memory_used) for c in snap.cards]
+    return cards, (f"{len(cards)} card(s) found" if cards else f"no NVIDIA card found ({snap.error or 'NVML'})")

@@ -15,7 +15,7 @@ from datetime import datetime
 from engine.gguf.config import ARCH
 from engine.gguf.validate import MOE_ARCH
 from engine.hub.names import FileName, classify, pick_mmproj
-from engine.hub.session import HubAccess, hub_errors
+from engine.hub.session import HubAccess, check_reachable, hub_errors
 
 SEARCH_EXPAND = ["gguf", "downloads", "likes", "lastModified", "gated"]
 DEFAULT_LIMIT = 40
@@ -49,6 +49,7 @@ class RepoHit:
 def search(query: str, access: HubAccess | None = None, limit: int = DEFAULT_LIMIT) -> list[RepoHit]:
     """GGUF repositories matching `query`, runnable ones first (then by downloads, as the Hub sorts)."""
     access = access or HubAccess()
+    check_reachable(access)
     with hub_errors(access):
         found = list(access.api().list_models(search=query, filter="gguf", expand=SEARCH_EXPAND, sort="downloads",
                                               limit=limit))

@@ -53,6 +53,21 @@ def fit_on_cards(fp: Footprint, cards: list[CardProfile], context: int, kv: str)
 
 
 @dataclass(frozen=True)
+class RepoModel:
+    """What one header read tells about a repository's models: enough to price every file offline."""
+
+    listing: RepoListing
+    model: RemoteModel | None
+    source: RemoteFile | None  # the file whose header was read
+    tower: VisionConfig | None  # the paired mmproj's, when it was read
+    problem: str | None  # why the header says the models cannot run (MoE, not qwen35, broken)
+
+    def verdicts(self, cards: list[CardProfile], context: int, kv: str) -> dict[str, Verdict]:
+        """A verdict for every model file, by name (no network: re-priced as the knobs change)."""
+        return {f.name.name: _verdict(f, self, cards, context, kv) for f in self.listing.models}
+
+
+@dataclass(frozen=True)
 class RepoPrices:
     """Verdicts by file name, and the header that priced them (None when no file could be read)."""
 
@@ -67,9 +82,8 @@ def header_file(listing: RepoListing) -> RemoteFile | None:
     return min(candidates, key=lambda f: f.size) if candidates else None
 
 
-def price_repo(listing: RepoListing, cards: list[CardProfile], context: int, kv: str,
-               access: HubAccess, with_vision: bool = True) -> RepoPrices:
-    """A verdict for every model file of `listing` (reads one model header, and the mmproj's when paired)."""
+def read_repo_model(listing: RepoListing, access: HubAccess, with_vision: bool = True) -> RepoModel:
+    """Read one model header of `listing` (and the paired mmproj's) over HTTP."""
     model, problem = None, None
     source = header_file(listing)
     if listing.runnable is not False and source is not None:
@@ -84,15 +98,18 @@ def price_repo(listing: RepoListing, cards: list[CardProfile], context: int, kv:
             tower = inspect_mmproj(listing.repo, mmproj.name.name, mmproj.size, listing.commit, access)
         except RigllmError:
             tower = None  # priced without the tower; loading reports the mmproj's problem
-    verdicts = {}
-    for f in listing.models:
-        verdicts[f.name.name] = _verdict(f, listing, model, source, tower, problem, cards, context, kv)
-    return RepoPrices(verdicts, model, tower)
+    return RepoModel(listing, model, source, tower, problem)
 
 
-def _verdict(f: RemoteFile, listing: RepoListing, model: RemoteModel | None, source: RemoteFile | None,
-             tower: VisionConfig | None, problem: str | None, cards: list[CardProfile], context: int,
-             kv: str) -> Verdict:
+def price_repo(listing: RepoListing, cards: list[CardProfile], context: int, kv: str,
+               access: HubAccess, with_vision: bool = True) -> RepoPrices:
+    """A verdict for every model file of `listing` (reads one model header, and the mmproj's when paired)."""
+    read = read_repo_model(listing, access, with_vision)
+    return RepoPrices(read.verdicts(cards, context, kv), read.model, read.tower)
+
+
+def _verdict(f: RemoteFile, read: RepoModel, cards: list[CardProfile], context: int, kv: str) -> Verdict:
+    listing, model = read.listing, read.model
     if listing.runnable is False:
         return Verdict(listing.note)
     if f.name.kind == "split":
@@ -101,12 +118,12 @@ def _verdict(f: RemoteFile, listing: RepoListing, model: RemoteModel | None, sou
     if not f.name.runnable_quant:
         quant = f.name.quant or "unknown"
         return Verdict(f"not runnable: {quant} weights (rigllm runs {', '.join(RUNNABLE_QUANTS)} files)")
-    if problem is not None:
-        return Verdict(f"not runnable: {problem}")
+    if read.problem is not None:
+        return Verdict(f"not runnable: {read.problem}")
     if model is None:
         return Verdict("not priced: no model header could be read")
-    fp = model.footprint if f is source else footprint_for(model.config, f.name.quant.lower())  # type: ignore[union-attr]
-    return fit_on_cards(with_tower(fp, tower), cards, context, kv)
+    fp = model.footprint if f is read.source else footprint_for(model.config, f.name.quant.lower())  # type: ignore[union-attr]
+    return fit_on_cards(with_tower(fp, read.tower), cards, context, kv)
 
 
 def detected_cards() -> tuple[list[CardProfile], str]:

@@ -18,11 +18,12 @@ import httpx2
 from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
                                     RepositoryNotFoundError, RevisionNotFoundError)
-from huggingface_hub.utils import close_session
+from huggingface_hub.utils import close_session, get_session
 
 from engine.errors import RigllmError
 
 OFFLINE_NOTE = "models already in the library still open and load"
+PROBE_TIMEOUT_S = 10.0
 
 
 class HubUnreachable(RigllmError):
@@ -44,6 +45,14 @@ class HubAccess:
 
     def api(self) -> HfApi:
         return HfApi(endpoint=self.url, token=self.bearer)
+
+
+def check_reachable(access: HubAccess) -> None:
+    """Fail fast with HubUnreachable when nothing answers at the endpoint: the Hub's search (paginated) retries
+    connection errors with back-off for about 23 s before it gives up, too long for "the Hub is unreachable".
+    One HEAD of the endpoint through huggingface_hub's own client; any HTTP answer counts as reachable."""
+    with hub_errors(access):
+        get_session().head(access.url, timeout=PROBE_TIMEOUT_S)
 
 
 def use_proxy(url: str) -> None:

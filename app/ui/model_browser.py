@@ -20,6 +20,7 @@ from engine.hub.catalog import RepoHit
 from engine.hub.download import Progress
 from engine.hub.fit import RepoModel, cards_label
 from engine.hub.library import Library
+from engine.hub.names import context_label, params_label
 from engine.hub.pull import Pulled
 from engine.model.memory_plan import CardProfile, cards_16gb, format_bytes
 
@@ -62,6 +63,9 @@ class ModelBrowser(QDialog):
 
         split = QSplitter()
         self.results = QListWidget()
+        self.results.setWordWrap(True)
+        self.results.setSpacing(2)
+        self.results.setMinimumWidth(340)
         self.results.currentItemChanged.connect(lambda item, _old: self._open(item))
         split.addWidget(self.results)
         right = QWidget()
@@ -113,7 +117,7 @@ class ModelBrowser(QDialog):
         dl.addWidget(self.cancel_button)
         side.addLayout(dl)
         split.addWidget(right)
-        split.setSizes([330, 700])
+        split.setStretchFactor(1, 1)
         layout.addWidget(split, 1)
         self.folder_label = QLabel(f"Downloads go to {library.root}")
         self.folder_label.setStyleSheet("color: gray")
@@ -139,8 +143,8 @@ class ModelBrowser(QDialog):
     def show_hits(self, hits: list[RepoHit]) -> None:
         self.results.clear()
         for h in hits:
-            params = f" · {h.parameters / 1e9:.1f}B" if h.parameters else ""
-            item = QListWidgetItem(f"{h.repo}\n{h.note}{params} · {h.downloads:,} downloads" + (" · gated" if h.gated else ""))
+            item = QListWidgetItem(f"{h.repo}\n{h.note}\n{params_label(h.parameters)} · {h.downloads:,} downloads"
+                                   + (" · gated" if h.gated else ""))
             item.setData(Qt.UserRole, h.repo)
             item.setToolTip(h.note)
             if h.runnable is False:
@@ -169,7 +173,7 @@ class ModelBrowser(QDialog):
         shape = ""
         if repo.model is not None:
             cfg = repo.model.config
-            shape = f" · {cfg.n_layers} layers · trained context {cfg.context_length // 1024}K"
+            shape = f" · {cfg.n_layers} layers · trained context {context_label(cfg.context_length)}"
         self.repo_label.setText(f"<b>{listing.repo}</b> · {listing.note}{shape} · {vision}")
         self.files.setRowCount(len(listing.files))
         for row, f in enumerate(listing.files):
@@ -195,6 +199,7 @@ class ModelBrowser(QDialog):
             colour = QColor("#2e7d32") if fits else GREY if v is None or not v.runnable else QColor("#c62828")
             for col in range(len(COLUMNS)):
                 self.files.item(row, col).setForeground(colour if col == 3 or not fits else self.palette().text().color())
+        self.files.resizeRowsToContents()
         self._selection_changed()
 
     def select_file(self, name: str) -> None:

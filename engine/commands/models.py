@@ -37,13 +37,14 @@ def _mb(n: int) -> str:
 
 def run_search(args: argparse.Namespace) -> int:
     from engine.hub.catalog import search
+    from engine.hub.names import params_label
 
     hits = search(" ".join(args.query), limit=args.limit)
     if not hits:
         print("no GGUF repositories match")
         return 0
     for h in hits:
-        params = f"{h.parameters / 1e9:.1f}B params" if h.parameters else "params ?"
+        params = params_label(h.parameters)
         mark = {True: "runs ", False: "no   ", None: "?    "}[h.runnable]
         gated = " · gated" if h.gated else ""
         print(f"{mark} {h.repo}  ({h.architecture or 'arch ?'} · {params} · {h.downloads:,} downloads{gated}) {h.note}")

@@ -48,7 +48,10 @@ def fit_on_cards(fp: Footprint, cards: list[CardProfile], context: int, kv: str)
             plan(fp, roomiest[:n], context, kv)
         except RigllmError:
             continue
-        return Verdict(f"fits 1 card at {at}" if n == 1 else f"needs {n} cards at {at}", n, True)
+        text = f"fits 1 card at {at}" if n == 1 else f"needs {n} cards at {at}"
+        if context > fp.config.context_length:  # the plan holds, but the model was not trained that long
+            text += f" (beyond its trained {context_label(fp.config.context_length)})"
+        return Verdict(text, n, True)
     return Verdict(f"too big for {cards_label(cards)} at {at}", None, True)
 
 

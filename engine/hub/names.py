@@ -66,3 +66,10 @@ def pick_mmproj(names: list[str]) -> str | None:
 def context_label(tokens: int) -> str:
     """32768 -> '32K', 262144 -> '256K', 1000 -> '1000'."""
     return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+def params_label(n: int | None) -> str:
+    """27_000_000_000 -> '27.0B params', 1_100_000 -> '1.1M params', None -> 'params ?'."""
+    if not n:
+        return "params ?"
+    return f"{n / 1e9:.1f}B params" if n >= 1e9 else f"{n / 1e6:.1f}M params"

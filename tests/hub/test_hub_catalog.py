@@ -125,7 +125,8 @@ def test_fit_verdicts_follow_the_planner(hub, access):
         mid = (low + high) // 2
         low, high = (low, mid) if fits(mid, 2) else (mid, high)
     assert not fits(high, 1)
-    assert fit_on_cards(fp, cards(high), context, "f16") == Verdict("needs 2 cards at 4096K", 2, True)
+    assert fit_on_cards(fp, cards(high), context, "f16") == Verdict(
+        "needs 2 cards at 4096K (beyond its trained 32K)", 2, True)
     too_big = fit_on_cards(fp, cards(high // 3), context, "f16")
     assert too_big.cards is None and too_big.text.startswith("too big for 3 × ")
 
@@ -138,4 +139,4 @@ def test_moe_and_vision_repositories_are_priced_as_loading_would(hub, access):
     with_tower = price_repo(vision, cards_16gb(1), 4096, "f16", access)
     without = price_repo(vision, cards_16gb(1), 4096, "f16", access, with_vision=False)
     assert with_tower.tower is not None and without.tower is None
-    assert with_tower.verdicts["Qwen3.5-Vision-Tiny-F32.gguf"].text == "fits 1 card at 4K"
+    assert with_tower.verdicts["Qwen3.5-Vision-Tiny-F32.gguf"].text == "fits 1 card at 4K (beyond its trained 512)"

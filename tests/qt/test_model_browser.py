@@ -73,7 +73,7 @@ def test_files_show_sizes_quants_and_verdicts_that_follow_the_knobs(qtbot, brows
     assert verdict_of(browser, Q8) == "fits 1 card at 32K"
     assert verdict_of(browser, "Qwen3.5-Fixture-Q4_K_M.gguf").startswith("not runnable: Q4_K_M")
     browser.context_box.setCurrentIndex(3)
-    assert verdict_of(browser, Q8) == "fits 1 card at 256K"
+    assert verdict_of(browser, Q8) == "fits 1 card at 256K (beyond its trained 32K)"
     browser.select_file("Qwen3.5-Fixture-Q8_0-00001-of-00002.gguf")
     assert not browser.download_button.isEnabled()  # a split part cannot be pulled on its own
     browser.select_file(Q8)

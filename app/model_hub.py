@@ -38,17 +38,22 @@ class HubTasks(QObject):
         def work() -> None:
             try:
                 result = job()
-            except HubUnreachable as err:
-                self.unreachable.emit(str(err))
-            except DownloadCancelled as err:
-                self.cancelled.emit(str(err))
-            except RigllmError as err:
-                self.failed.emit(what, str(err))
+            except Exception as err:  # answered below, once the pull flag is down
+                result, failure = None, err
             else:
+                failure = None
+            if what == "pull":
+                self.pulling = False  # before the answer, so the page's buttons see the pull as over
+            if failure is None:
                 done.emit(result)
-            finally:
-                if what == "pull":
-                    self.pulling = False
+            elif isinstance(failure, HubUnreachable):
+                self.unreachable.emit(str(failure))
+            elif isinstance(failure, DownloadCancelled):
+                self.cancelled.emit(str(failure))
+            elif isinstance(failure, RigllmError):
+                self.failed.emit(what, str(failure))
+            else:
+                self.failed.emit(what, f"{type(failure).__name__}: {failure}")
 
         threading.Thread(target=work, name=f"rigllm-hub-{what}", daemon=True).start()
 

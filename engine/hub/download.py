@@ -116,21 +116,9 @@ class _Sink:
                  cancel: threading.Event | None):
         self.raw, self.path, self.expected, self.name = raw, path, expected, name
         self.progress, self.cancel = progress, cancel
-        self.hasher = self._hash_prefix(raw.tell())
+        self.hasher = hash_file(path, expected, raw.tell())
         self.done = raw.tell()
         self.started_at, self.started_bytes, self.reported_at = time.monotonic(), self.done, 0.0
-
-    def _hash_prefix(self, length: int) -> Any:
-        hasher = self.expected.hasher()
-        with open(self.path, "rb") as fh:
-            left = length
-            while left:
-                block = fh.read(min(_HASH_READ, left))
-                if not block:
-                    break
-                hasher.update(block)
-                left -= len(block)
-        return hasher
 
     def write(self, data: bytes) -> int:
         if self.cancel is not None and self.cancel.is_set():
@@ -159,7 +147,7 @@ class _Sink:
     def truncate(self, size: int | None = None) -> int:
         self.raw.flush()
         end = self.raw.truncate(size)
-        self.hasher, self.done = self._hash_prefix(end), end
+        self.hasher, self.done = hash_file(self.path, self.expected, end), end
         self.started_bytes = end
         return end
 
@@ -190,12 +178,15 @@ def expected_of(repo: str, filename: str, revision: str, access: HubAccess) -> E
     return Expected(int(info.size), info.lfs.sha256 if info.lfs else None, info.blob_id)
 
 
-def _digest_of(path: Path, expected: Expected) -> str:
+def hash_file(path: Path, expected: Expected, length: int | None = None) -> Any:
+    """`expected`'s hasher fed with the first `length` bytes of `path` (all of it for None)."""
     hasher = expected.hasher()
+    left = path.stat().st_size if length is None else length
     with open(path, "rb") as fh:
-        while block := fh.read(_HASH_READ):
+        while left > 0 and (block := fh.read(min(_HASH_READ, left))):
             hasher.update(block)
-    return hasher.hexdigest()
+            left -= len(block)
+    return hasher
 
 
 def _part_matches(marker: Path, expected: Expected) -> bool:
@@ -210,7 +201,7 @@ def fetch_file(repo: str, filename: str, dest_dir: Path, access: HubAccess, revi
     """Download `repo/filename` to `dest_dir/<its base name>`, resuming a part left by an earlier try."""
     expected = expected_of(repo, filename, revision, access)
     dest = dest_dir / filename.rsplit("/", 1)[-1]
-    if dest.exists() and dest.stat().st_size == expected.size and _digest_of(dest, expected) == expected.digest:
+    if dest.exists() and dest.stat().st_size == expected.size and hash_file(dest, expected).hexdigest() == expected.digest:
         return dest  # already here and intact (an mmproj another quant of the repository brought)
     part = dest.with_name(dest.name + PART_SUFFIX)
     marker = part.with_name(part.name + ".json")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-from huggingface_hub.file_download import http_get
+from huggingface_hub import constants
+from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url, http_get
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from huggingface_hub import HfFileSystem
+from huggingface_hub.hf_file_system import HfFileSystem  # by module: a bundler follows it (the package loads lazily)
 
 from engine.errors import ModelFileError
 from engine.gguf.config import ModelConfig

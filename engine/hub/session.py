@@ -15,10 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx2
-from huggingface_hub import HfApi, constants, get_token
+from huggingface_hub import constants
+from huggingface_hub.hf_api import HfApi
 from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
                                     RepositoryNotFoundError, RevisionNotFoundError)
-from huggingface_hub.utils import close_session, get_session
+from huggingface_hub.utils import close_session, get_session, get_token
 
 from engine.errors import RigllmError
 

@@ -115,6 +115,25 @@ class RigClient:
         """Returns once the rig's running requests have finished and its cards are free."""
         return self.request("POST", "/admin/unload", timeout=SLOW)
 
+    def models(self) -> dict[str, Any]:
+        """The rig's models folder (`GET /admin/models`)."""
+        return self.request("GET", "/admin/models")
+
+    def pull_model(self, repo: str, file: str | None = None, quant: str | None = None) -> dict[str, Any]:
+        """Start pulling `repo` from the Hub onto the rig; poll `pull_status` for bytes, MB/s and ETA."""
+        body: dict[str, Any] = {"repo": repo}
+        if file is not None:
+            body["file"] = file
+        if quant is not None:
+            body["quant"] = quant
+        return self.request("POST", "/admin/models/pull", json=body)
+
+    def pull_status(self) -> dict[str, Any]:
+        return self.request("GET", "/admin/models/pull")
+
+    def cancel_pull(self) -> dict[str, Any]:
+        return self.request("POST", "/admin/models/pull/cancel")
+
     def snapshot(self) -> RigSnapshot:
         """The rig's cards as the local monitor's snapshots (the time is this machine's clock)."""
         body = self.request("GET", "/admin/cards")

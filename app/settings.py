@@ -18,6 +18,7 @@ from PySide6.QtCore import QSettings
 
 from engine.errors import RigllmError
 from engine.generation.sampler import SamplingParams
+from engine.hub.library import default_models_dir
 
 SETTINGS_VERSION = 3
 THEMES = ("system", "dark", "light")
@@ -49,6 +50,8 @@ class AppSettings:
     api_port: int = 8765
     rig_host: str = ""  # the last rig connected to ("Connect to rig"); its key is in the keyring
     rig_port: int = 8000
+    models_dir: str = field(default_factory=lambda: str(default_models_dir()))  # the library's folder (issue 31)
+    hub_proxy: str = ""  # http://host:port for the Hub's traffic; "" = the environment's HTTPS_PROXY, if any
 
     def sampling(self) -> SamplingParams:
         """Raises RigllmError (one line) for an invalid combination, which the dialog shows."""
@@ -74,6 +77,10 @@ class AppSettings:
             raise RigllmError("the rig's port must be in 1-65535")
         if set(self.presets) & set(DEFAULT_PRESETS):
             raise RigllmError("a preset of your own cannot take a built-in preset's name")
+        if not self.models_dir.strip():
+            raise RigllmError("the models folder must be set")
+        if self.hub_proxy and not self.hub_proxy.startswith(("http://", "https://", "socks5://")):
+            raise RigllmError("the Hub proxy must be a URL like http://host:port")
 
 
 def migrate(store: QSettings) -> None:

@@ -14,7 +14,8 @@ from importlib.metadata import entry_points
 
 from engine.errors import RigllmError
 
-COMMAND_MODULES = ("info", "convert", "make_test_model", "generate", "build_kernels", "bench", "serve", "doctor", "eval_fixture", "calibrate_sparse", "debug")
+COMMAND_MODULES = ("info", "convert", "make_test_model", "generate", "build_kernels", "bench", "serve", "doctor", "eval_fixture",
+                   "calibrate_sparse", "debug", "models", "pull")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -163,8 +163,44 @@ def main(out: Path) -> int:
     history.close()
     window.tabs.setCurrentWidget(window.api)
     shot(window, out, "api_panel")
+    hub_pages(window, out)
     window.close()
     return 0
+
+
+def hub_pages(window: MainWindow, out: Path) -> None:
+    """The model browser and the library against the tests' loopback Hub (tests/hub_server.py), which serves
+    the trained fixture, an MoE repository and the tiny vision model as repositories (no network)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from hub_server import fixture_repos, serve, tiny_vision_files
+
+    from app.ui import library_pages
+
+    window.settings = dataclasses.replace(window.settings, models_dir=str(Path(DATA) / "models"))
+    with serve(fixture_repos(tiny_vision_files(Path(DATA) / "vision"))) as hub:
+        os.environ["HF_ENDPOINT"] = hub.endpoint
+        browser = library_pages.open_model_browser(window)
+        wait_for(lambda: browser.results.count() > 0)
+        for repo, file in (("rigtest/Qwen3.5-Fixture-GGUF", "Qwen3.5-Fixture-Q8_0.gguf"),
+                           ("rigtest/Qwen3.5-Vision-Tiny-GGUF", "Qwen3.5-Vision-Tiny-F32.gguf")):
+            row = [browser.results.item(i).text().split("\n")[0] for i in range(browser.results.count())].index(repo)
+            browser.results.setCurrentRow(row)
+            wait_for(lambda: browser.repo is not None and browser.repo.listing.repo == repo)
+            browser.select_file(file)
+            browser.download()
+            wait_for(lambda: "downloaded" in browser.progress_label.text())
+        shot(browser, out, "model_browser_vision")
+        browser.results.setCurrentRow(0)
+        wait_for(lambda: browser.repo is not None and browser.repo.listing.repo == "rigtest/Qwen3.5-Fixture-GGUF")
+        browser.select_file("Qwen3.5-Fixture-Q8_0.gguf")
+        shot(browser, out, "model_browser")
+        browser.close()
+    folder = library_pages.library_of(window)
+    folder.mark_used(folder.root / "rigtest/Qwen3.5-Vision-Tiny-GGUF/Qwen3.5-Vision-Tiny-F32.gguf")  # as Open does
+    library = library_pages.open_model_library(window)
+    library.table.selectRow(0)
+    shot(library, out, "model_library")
+    library.close()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from app.ui.api_panel import ApiPanel
 from app.ui.chat_pane import ChatPane
 from app.ui.connect_dialog import ConnectDialog
 from app.ui.conversation_list import ConversationList
+from app.ui import library_pages
 from app.ui.load_sheet import LoadSheet
 from app.ui.rig_monitor import RigMonitor
 from app.ui.settings_dialog import SettingsDialog
@@ -130,6 +131,8 @@ class MainWindow(QMainWindow):
         model = self.menuBar().addMenu("&Model")
         action(model, "Load model...", self.open_load_sheet, "Ctrl+L")
         action(model, "Unload model", self.unload_model)
+        action(model, "Find models on the Hub...", lambda: library_pages.open_model_browser(self))
+        action(model, "Model library...", lambda: library_pages.open_model_library(self), "Ctrl+Shift+L")
         rig = self.menuBar().addMenu("&Rig")
         action(rig, "Connect to rig...", self.open_connect_dialog)
         action(rig, "Disconnect from rig", self.disconnect_rig)

@@ -178,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from engine.fixtures.demo_model import ensure_demo_model
+    from engine.hub.library import Library
     from engine.server.admin import admin_router
+    from engine.server.admin_models import models_router
     from engine.server.admin_host import DEMO_LABEL, ModelHost, open_with_progress
     from engine.server.admin_logs import install_log_ring
     from engine.server.app import create_app
@@ -235,8 +237,12 @@ def run(args: argparse.Namespace) -> int:
                              public_metrics=args.public_metrics)
             if admin_on:
                 served = [Path(args.model).parent] if args.model else []
-                folders = ModelFolders([*args.model_dir, *served, ensure_demo_model().parent])
+                # pulls land in the first --model-dir (else RIGLLM_MODELS_DIR or <data dir>/models), which the
+                # admin API may then load from
+                library = Library(Path(args.model_dir[0]) if args.model_dir else None)
+                folders = ModelFolders([*args.model_dir, library.root, *served, ensure_demo_model().parent])
                 app.include_router(admin_router(host, telemetry, ring, folders))
+                app.include_router(models_router(library))
             DeadlineServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"), live,
                            args.shutdown_timeout).run()
     finally:

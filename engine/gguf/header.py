@@ -52,6 +52,11 @@ _SCALAR_FORMATS: dict[GGUFValueType, str] = {
 }
 
 
+class HeaderPrefixShort(ModelFileError):
+    """The header runs past the bytes given so far of a longer file (a partial read of a remote file):
+    read more of the file and parse again."""
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """A tensor's name, GGUF `ne` shape (fastest dimension first), ggml type, byte size and absolute offset."""
@@ -109,9 +114,10 @@ def map_file(path: Path) -> mmap.mmap:
 class _Cursor:
     """A read position in the mapped file; every read checks the bytes left first."""
 
-    def __init__(self, buf: mmap.mmap, label: str):
+    def __init__(self, buf: mmap.mmap | bytes, label: str, file_size: int | None = None):
         self.buf = buf
-        self.size = len(buf)
+        self.size = len(buf)  # the bytes at hand
+        self.file_size = self.size if file_size is None else file_size  # the whole file's, when buf is a prefix
         self.pos = 0
         self.label = label
 
@@ -119,13 +125,19 @@ class _Cursor:
         return ModelFileError(f"{self.label}: {problem}")
 
     def left(self) -> int:
-        return self.size - self.pos
+        return self.file_size - self.pos
 
     def need(self, n: int, what: str) -> None:
         if n > self.left():
             raise self.fail(
                 f"truncated or corrupt GGUF: {what} needs {n} bytes at offset {self.pos}, file has {self.left()} left"
             )
+        self._more_or_fail(self.pos + n)
+
+    def _more_or_fail(self, end: int) -> None:
+        """Raise HeaderPrefixShort when `end` lies past the bytes at hand but inside the file."""
+        if self.size < end <= self.file_size:
+            raise HeaderPrefixShort(f"{self.label}: the header goes on past the first {self.size} bytes")
 
     def unpack(self, fmt: str, what: str) -> Any:
         n = struct.calcsize(fmt)
@@ -184,10 +196,12 @@ class _Cursor:
         try:
             for _ in range(count):
                 if pos + 8 > size:
+                    self._more_or_fail(pos + 8)
                     raise self.fail(f"truncated or corrupt GGUF: {what} runs past the end of the file")
                 (n,) = unpack_from("<Q", buf, pos)
                 end = pos + 8 + n
                 if end > size:
+                    self._more_or_fail(end)
                     raise self.fail(
                         f"truncated or corrupt GGUF: {what} has a string of {n} bytes at offset {pos}, past the end of the file"
                     )
@@ -199,9 +213,13 @@ class _Cursor:
         return out
 
 
-def parse_header(buf: mmap.mmap, label: str) -> GGUFHeader:
-    """Decode and bounds-check the header of a mapped GGUF; `label` (the file name) prefixes every error."""
-    cur = _Cursor(buf, label)
+def parse_header(buf: mmap.mmap | bytes, label: str, file_size: int | None = None) -> GGUFHeader:
+    """Decode and bounds-check the header of a mapped GGUF; `label` (the file name) prefixes every error.
+
+    `buf` may be only the first bytes of a `file_size`-byte file (a ranged read of a remote file): tensor
+    extents are then checked against `file_size`, and a header longer than `buf` raises HeaderPrefixShort.
+    """
+    cur = _Cursor(buf, label, file_size)
     cur.need(24, "the GGUF header")
     cur.pos = 4  # magic checked by map_file
     version = cur.unpack("<I", "version")
@@ -279,9 +297,9 @@ def _place(
             f"corrupt GGUF: tensor {show(name)} has offset {rel_offset}, not a multiple of the alignment {alignment}"
         )
     start = data_offset + rel_offset
-    if start + n_bytes > cur.size:
+    if start + n_bytes > cur.file_size:
         raise cur.fail(
             f"truncated or corrupt GGUF: tensor {show(name)} needs bytes {start}..{start + n_bytes}, "
-            f"the file has {cur.size}"
+            f"the file has {cur.file_size}"
         )
     return TensorInfo(name, ne, ggml_type, n_bytes, start)

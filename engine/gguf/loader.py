@@ -36,6 +36,16 @@ class LoadedModel:
 def load_model(path: str | Path) -> LoadedModel:
     """Validate `path` as a Qwen3.5/3.6 dense hybrid GGUF; raises ModelFileError on the first problem."""
     mf = ModelFile(path)
+    cfg, warnings = check_header(mf)
+    warnings += check_values(mf, cfg)
+    types = Counter(mf.tensors[name].ggml_type.name for name, _ in model_tensors(cfg))
+    return LoadedModel(mf, cfg, dict(types.most_common()), tuple(warnings))
+
+
+def check_header(mf: ModelFile) -> tuple[ModelConfig, list[str]]:
+    """The checks that need only the header (all but the value checks), in load_model's order: also run on a
+    remote file's header read over HTTP, before anything is downloaded. `mf` needs `path`, `fields`,
+    `tensors` and `has` only."""
     label = mf.path.name
     if not mf.tensors:
         raise ModelFileError(f"{label}: contains no tensors (a vocabulary-only GGUF?); it cannot be run as a model")
@@ -47,9 +57,7 @@ def load_model(path: str | Path) -> LoadedModel:
     except ModelFileError as err:  # check_keys should have caught it; keep the file name in the message anyway
         raise ModelFileError(f"{label}: {err}") from None
     warnings += check_tensors(mf, cfg)
-    warnings += check_values(mf, cfg)
-    types = Counter(mf.tensors[name].ggml_type.name for name, _ in model_tensors(cfg))
-    return LoadedModel(mf, cfg, dict(types.most_common()), tuple(warnings))
+    return cfg, warnings
 
 
 def load_vocab_only(path: str | Path) -> ModelFile:

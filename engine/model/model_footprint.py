@@ -13,11 +13,13 @@ would be written in (`footprint_for`, for planning sizes without a file). Contex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType
 
 from engine.gguf.config import ModelConfig
+from engine.gguf.header import TensorInfo
 from engine.gguf.loader import LoadedModel
 from engine.gguf.tensor_layout import model_tensors
 from engine.gguf.tensor_plan import planned_types
@@ -92,9 +94,13 @@ def gdn_recurrent_state_bytes(cfg: ModelConfig) -> int:
 
 def footprint_of(model: LoadedModel) -> Footprint:
     """Footprint of a validated file, from its tensors' stored types."""
-    tensors = model.file.tensors
-    typed = [(name, shape, tensors[name].ggml_type) for name, shape in model_tensors(model.config)]
-    return _footprint(model.config, typed, f"the types stored in {model.path.name}")
+    return footprint_of_tensors(model.config, model.file.tensors, f"the types stored in {model.path.name}")
+
+
+def footprint_of_tensors(cfg: ModelConfig, tensors: Mapping[str, TensorInfo], source: str) -> Footprint:
+    """Footprint from a header's tensor table alone (a remote file's header read over HTTP: no weights needed)."""
+    typed = [(name, shape, tensors[name].ggml_type) for name, shape in model_tensors(cfg)]
+    return _footprint(cfg, typed, source)
 
 
 def footprint_for(cfg: ModelConfig, weight_type: str = "q8_0") -> Footprint:

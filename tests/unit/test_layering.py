@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (  # bottom first; a package may import on
     ("engine.model",),  # model-level facts: KV formats, special tokens, footprint, memory plan, load progress
     ("engine.reference",),
     ("engine.sparse", "engine.vision"),
-    ("engine.generation",),  # protocols, prompting, sampling, slots, serving machinery (no HTTP)
+    ("engine.generation", "engine.hub"),  # serving machinery (no HTTP); engine.hub: the Hugging Face Hub client
     ("engine.fixtures",),
     ("engine.cuda",),
     ("engine.backends", "engine.diagnostics"),  # engine.backends: the composition root that knows every backend

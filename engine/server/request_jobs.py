@@ -18,6 +18,7 @@ from engine.generation.serving.request_error import APIError
 from engine.generation.tool_call_syntax import FUNCTION_OPEN
 from engine.server.logprob_format import requested_top_logprobs
 from engine.server.response_format import json_constraint_for
+from engine.server.structured_reply import thinking_budget, tool_choice_constraint
 from engine.server.wire import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
 
 
@@ -37,6 +38,10 @@ def chat_job(service: ModelService, req: ChatCompletionRequest, sink: Callable[[
         raise APIError(400, "response_format json_object cannot be combined with a required or named "
                        "tool_choice (that reply starts with a tool call)", param="response_format")
     tools, forced = _tools(req)
+    if forced:
+        named = req.tool_choice.get("function", {}).get("name") if isinstance(req.tool_choice, dict) else None
+        parallel = named is None and req.parallel_tool_calls is not False  # a named choice is one call
+        constraint = tool_choice_constraint(tools or [], named, parallel, service.tokenizer)
     kwargs = req.chat_template_kwargs or {}
     enable_thinking = kwargs.get("enable_thinking")
     if enable_thinking is not None and not isinstance(enable_thinking, bool):
@@ -54,6 +59,9 @@ def chat_job(service: ModelService, req: ChatCompletionRequest, sink: Callable[[
     job = _job(service, req, prepared.token_ids, limit, prompt.thinking, tools, sink)
     job.turn_start = service.turn_start(prepared.token_ids)
     job.constraint = constraint
+    if prompt.thinking and not forced:
+        job.thinking_budget = thinking_budget(req.reasoning_effort, req.max_thinking_tokens, job.max_tokens,
+                                              constrained=constraint is not None)
     job.reply_prefix = prompt.reply_prefix
     job.multimodal = prepared.multimodal
     return job

@@ -104,6 +104,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # False: a forced call is exactly one call
+    reasoning_effort: str | None = None  # caps the thinking tokens (structured_reply.EFFORT_BUDGETS)
+    max_thinking_tokens: int | None = Field(default=None, ge=0)  # rigllm's own cap on thinking tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
 

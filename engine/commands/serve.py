@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let browser pages from ORIGIN call the API (repeatable; default: no CORS headers)")
     p.add_argument("--max-queue", type=int, default=16, help="requests allowed to wait before 503 (default 16)")
+    p.add_argument("--reasoning-format", choices=("deepseek", "none"), default="deepseek",
+                   help="where replies' reasoning goes: deepseek = reasoning_content (default), "
+                        "none = inline <think>...</think> in content (for clients that drop reasoning_content)")
     p.add_argument("--public-metrics", action="store_true",
                    help="serve /metrics (Prometheus) without the API key (default: it needs the key when one is set)")
     p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
@@ -169,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(f"[rigllm] no model loaded; load one with POST {url.removesuffix('/v1')}/admin/load",
                       file=sys.stderr)
-            app = create_app(host, key, cors_origins, telemetry=telemetry, public_metrics=args.public_metrics)
+            app = create_app(host, key, cors_origins, telemetry=telemetry, public_metrics=args.public_metrics,
+                             reasoning_format=args.reasoning_format)
             app.include_router(admin_router(host, telemetry, ring))
             # Stop: uvicorn stops accepting, lets running requests finish for up to the timeout, then cancels
             # them (their jobs are cancelled); host.close() below stops the worker, freeing the cards.

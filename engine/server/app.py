@@ -26,8 +26,11 @@ from engine.generation.serving.worker import GenerationWorker, QueueFull
 from engine.server.api_errors import error_response, install_error_handlers
 from engine.server.health import health_answer
 from engine.server.metrics_routes import METRICS_PATH, install_metrics
-from engine.server.request_jobs import chat_job, check_model, completion_job
+from engine.server.choices import collect_choices, stream_choices
+from engine.server.reasoning_format import REASONING_FORMATS, inline_reasoning
+from engine.server.request_jobs import chat_job, check_model, choice_total, completion_job
 from engine.server.responses import CompletionShape, collect, stream_chunks
+from engine.server.responses_route import add_responses_routes
 from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
 from engine.telemetry import TelemetrySource
@@ -74,14 +77,17 @@ class FixedModel:
 
 
 def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = (),
-               telemetry: TelemetrySource | None = None, public_metrics: bool = False) -> FastAPI:
+               telemetry: TelemetrySource | None = None, public_metrics: bool = False,
+               reasoning_format: str = "deepseek") -> FastAPI:
     """Routes serve whatever model `models` holds at the time of each request.
 
     `cors_origins` lets browser front ends on those origins call the API; without it no CORS headers
     are sent, so a web page the user happens to visit cannot use their local model.
     `/metrics` (Prometheus) includes `telemetry`'s cards when given; it needs the API key like every
-    route unless `public_metrics` (a scraper without the key).
+    route unless `public_metrics` (a scraper without the key). `reasoning_format`: `reasoning_format.py`.
     """
+    if reasoning_format not in REASONING_FORMATS:
+        raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}")
     open_paths = OPEN_PATHS + ((METRICS_PATH,) if public_metrics else ())
     app = FastAPI(title="rigllm", description="OpenAI-compatible API for Qwen3.5/3.6 models")
     install_error_handlers(app)
@@ -103,6 +109,11 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
     metrics = install_metrics(app, models, telemetry)
+
+    def observed(sink: AsyncSink):
+        """The job's sink: metrics taken, reasoning inlined when the server is asked to."""
+        watched = metrics.observe(sink)
+        return inline_reasoning(watched) if reasoning_format == "none" else watched
 
     def model_card(service: ModelService) -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
@@ -136,12 +147,38 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
 
     async def answer(req: ChatCompletionRequest | CompletionRequest, chat: bool):
         service, worker = models.require()
-        sink = AsyncSink(asyncio.get_running_loop())
         make_job = chat_job if chat else completion_job
-        job = await asyncio.to_thread(make_job, service, req, metrics.observe(sink))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        total, per_prompt = await asyncio.to_thread(choice_total, service, req)
+        if total > 1:
+            return await run_choices(service, worker, req, make_job, chat, total, per_prompt, include_usage)
+        sink = AsyncSink(asyncio.get_running_loop())
+        job = await asyncio.to_thread(make_job, service, req, observed(sink))
         return await run(worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)
+
+    async def run_choices(service: ModelService, worker: GenerationWorker, req: Any, make_job: Any, chat: bool,
+                          total: int, per_prompt: int, include_usage: bool):
+        """`n` > 1 or several prompts: one job per choice, all queued before any runs (`choices`)."""
+        jobs = []
+        for index in range(total):
+            sink = AsyncSink(asyncio.get_running_loop())
+            jobs.append((await asyncio.to_thread(make_job, service, req, observed(sink), index=index), sink))
+        for job, _ in jobs:
+            try:
+                worker.submit(job)
+            except QueueFull as err:
+                for queued, _ in jobs:
+                    queued.cancelled.set()
+                raise APIError(503, str(err), code="queue_full") from None
+        shape = CompletionShape(service.model_id, chat=chat)
+        if req.stream:
+            return StreamingResponse(stream_choices(jobs, shape, include_usage, per_prompt),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        result = await collect_choices(jobs, shape, per_prompt)
+        if isinstance(result, Failed):
+            return error_response(500, result.message)
+        return JSONResponse(result)
 
     async def chat_completions(req: ChatCompletionRequest):
         return await answer(req, chat=True)
@@ -156,4 +193,5 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/health", health, methods=["GET"])
     add_tokenize_routes(app, lambda: models.require()[0])
+    add_responses_routes(app, models, observed)
     return app

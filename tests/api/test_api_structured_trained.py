@@ -80,3 +80,16 @@ def test_forced_tool_calls_name_listed_functions_with_valid_arguments(client, se
         if isinstance(tool_choice, dict):
             assert call.function.name == tool_choice["function"]["name"]
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_reasoning_format_none_inlines_the_reasoning(loaded):
+    with live_server(loaded, model_backend(loaded), reasoning_format="none") as live:
+        r = live.client().chat.completions.create(model=live.model_id, messages=ASK, max_tokens=30, temperature=0,
+                                                  extra_body={"max_thinking_tokens": 10})
+        streamed = "".join(c.choices[0].delta.content or "" for c in live.client().chat.completions.create(
+            model=live.model_id, messages=ASK, max_tokens=30, temperature=0, stream=True,
+            extra_body={"max_thinking_tokens": 10}) if c.choices)
+    message = r.choices[0].message
+    assert message.content.startswith("<think>") and "</think>" in message.content
+    assert not getattr(message, "reasoning_content", None) and streamed == message.content
+    assert r.usage.completion_tokens_details.reasoning_tokens == 11  # the budget and its `</think>`

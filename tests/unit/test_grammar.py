@@ -8,7 +8,7 @@ import pytest
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.generation.grammar.constraint import GrammarConstraint, GrammarError
 from engine.generation.grammar.formats import json_object_grammar, tool_call_grammar
-from engine.generation.grammar.json_closing import JsonCloser
+from engine.generation.grammar.json_closing import STEPS_PER_LEVEL, JsonCloser
 from engine.generation.grammar.vocabulary import grammar_vocabulary
 from engine.generation.tokenizer import Tokenizer
 from engine.gguf.loader import load_model
@@ -73,7 +73,7 @@ def test_closer_finishes_the_object_within_its_reserve(tokenizer, start):
     rng = np.random.default_rng(0)
     closer = JsonCloser(tokenizer)
     constraint = feed(tokenizer, json_object_grammar(), start, closer)
-    budget = 6 * 4 + 1  # the reserve at depth 3, the deepest start here
+    budget = STEPS_PER_LEVEL * 4 + 1  # the reserve at depth 3, the deepest start here
     text = start
     for remaining in range(budget, 0, -1):
         allowed = constraint.allowed(remaining)

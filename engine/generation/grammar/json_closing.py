@@ -5,7 +5,9 @@ a model that rambles inside a string would be cut mid-object. `JsonCloser` track
 the text so far (brackets outside strings) and, once the tokens left are no more than what closing
 needs, narrows the allowed tokens to the first non-empty class of: an end token, `"`, `}` or `]`, `:`,
 `0`. None of them opens a container, so each level closes within six tokens (`"` `"` `:` `0` `}` at
-worst, after a key had to be written); the reserve is that per level plus one.
+worst, after a key had to be written). A schema may still demand properties the classes cannot write
+(the grammar then allows only those, a key and a literal like `false`: about ten tokens in a small
+vocabulary), so the reserve is `STEPS_PER_LEVEL` = 16 per open level, plus one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 
 from engine.generation.tokenizer import Tokenizer
 
-_STEPS_PER_LEVEL = 6
+STEPS_PER_LEVEL = 16
 _CLASSES = (b'"', b"}]", b":", b"0")
 
 
@@ -34,7 +36,7 @@ class JsonCloser:
 
     def narrow(self, allowed: np.ndarray, remaining: int) -> np.ndarray:
         """`allowed` narrowed to a closing class when `remaining` tokens (this one included) are tight."""
-        if remaining > _STEPS_PER_LEVEL * (self._depth + 1) + 1:
+        if remaining > STEPS_PER_LEVEL * (self._depth + 1) + 1:
             return allowed
         for ids in (self._ends, *self._classes):
             ids = ids[ids < allowed.size]

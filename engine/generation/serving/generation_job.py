@@ -93,6 +93,7 @@ class Job:
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token (0-20)
     constraint: GrammarConstraint | None = None  # JSON / forced tool call grammar; tokens are then picked on the host
     thinking_budget: int | None = None  # reasoning tokens after which `</think>` is forced (None: no limit)
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling (then picked on the host)
     multimodal: MultimodalPrompt | None = None
     speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -132,7 +133,8 @@ class JobOutput:
         self.generated = 0
         self.reasoning_tokens = 0
         self.draft_tokens = self.accepted_draft_tokens = 0
-        self.picker = HostPicker(job.constraint, job.params, job.prompt_ids) if job.constraint else None
+        self.picker = (HostPicker(job.constraint, job.params, job.prompt_ids, job.logit_bias)
+                       if job.constraint or job.logit_bias else None)
         self._produced = 0  # characters of generated text so far
         self._passed = 0  # characters of it the stop matcher let through
         self._held: list[tuple[int, LogprobEntry]] = []  # (character where the token's text ends, entry)
@@ -148,7 +150,7 @@ class JobOutput:
     @property
     def complete(self) -> bool:
         """The grammar is complete (JSON closed, the forced call written), so the reply is over."""
-        return self.picker is not None and self.picker.constraint.complete
+        return self.picker is not None and self.picker.constraint is not None and self.picker.constraint.complete
 
     def forced_token(self) -> int | None:
         """`</think>` once the reasoning has used the job's thinking budget, else None: closing the

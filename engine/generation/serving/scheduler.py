@@ -279,9 +279,10 @@ def _refuse_waiting(jobs: "queue.Queue[Job | Wake | None]") -> None:
 
 
 def _needs_logits(job: Job) -> bool:
-    """Logprobs and grammars work on the host, from each step's logits row; a thinking budget may force
+    """Logprobs, grammars and logit_bias work on the host, from each step's logits row; a thinking budget may force
     a token, so its job takes one token per step (no speculative runs)."""
-    return job.top_logprobs is not None or job.constraint is not None or job.thinking_budget is not None
+    return (job.top_logprobs is not None or job.constraint is not None or job.thinking_budget is not None
+            or bool(job.logit_bias))
 
 
 def _choose(out: JobOutput, pick: Pick) -> int:

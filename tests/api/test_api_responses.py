@@ -6,7 +6,7 @@ import jsonschema
 import openai
 import pytest
 
-from test_api_structured_trained import TIME, client, loaded, server  # noqa: F401 (the module's fixtures)
+from test_api_structured_trained import TIME, loaded  # noqa: F401 (the trained fixture for conftest's server)
 
 RESPONSE_TIME = {"type": "function", **TIME["function"]}
 

@@ -22,18 +22,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 @pytest.fixture(scope="module")
 def loaded():
+    """The trained fixture instead of the demo model: conftest's `server` and `client` serve it."""
     return load_model(TRAINED)
-
-
-@pytest.fixture(scope="module")
-def server(loaded):
-    with live_server(loaded, model_backend(loaded)) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return server.client()
 
 
 def chat(client, server, **kwargs):

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from api_fixtures import live_server, model_backend
-from test_api_structured_trained import TIME, client, loaded, server  # noqa: F401 (the module's fixtures)
+from test_api_structured_trained import TIME, loaded  # noqa: F401 (the trained fixture for conftest's server)
 
 ASK = "the weather in paris"
 NO_THINKING = {"reasoning_effort": "none"}

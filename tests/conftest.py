@@ -9,6 +9,8 @@ import llama_sdist
 
 # Hypothesis (schemathesis) writes its example cache into the working directory during collection,
 # before any fixture runs: keep it out of the checkout.
+# LiteLLM (tests/router, the client matrix) reads its bundled model-price map instead of fetching it
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="rigllm-hypothesis-"))
 
 

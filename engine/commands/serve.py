@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"largest image, read from its header before decoding (default {DEFAULT_MAX_IMAGE_PIXELS / 1e6:g})")
     p.add_argument("--max-queue", type=int, default=16,
                    help="requests allowed to wait for a slot; one more gets 503 with Retry-After (default 16)")
+    p.add_argument("--reasoning-format", choices=("deepseek", "none"), default="deepseek",
+                   help="where replies' reasoning goes: deepseek = reasoning_content (default), "
+                        "none = inline <think>...</think> in content (for clients that drop reasoning_content)")
     p.add_argument("--public-metrics", action="store_true",
                    help="serve /metrics (Prometheus) without a key (default: it needs the key when one is set)")
     p.add_argument("--context", type=int, help="tokens one conversation may hold (default: the model's; sizes the GPU KV cache)")
@@ -234,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             # still running are ended (streams with an error and [DONE]); then the app's shutdown stops the
             # worker, freeing the cards, while the event loop still runs.
             app = create_app(host, policy=policy, live=live, on_shutdown=host.close, telemetry=telemetry,
-                             public_metrics=args.public_metrics)
+                             public_metrics=args.public_metrics, reasoning_format=args.reasoning_format)
             if admin_on:
                 served = [Path(args.model).parent] if args.model else []
                 # pulls land in the first --model-dir (else RIGLLM_MODELS_DIR or <data dir>/models), which the

@@ -13,6 +13,7 @@ serving (503 while none is loaded), the desktop app's toggle serves the one mode
 from __future__ import annotations
 
 import asyncio
+import functools
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +34,12 @@ from engine.server.bounded_body import BoundedBodyRoute
 from engine.server.health import health_answer
 from engine.server.http_policy import HttpPolicy, guard
 from engine.server.metrics_routes import METRICS_PATH, install_metrics
+from engine.server.choices import collect_choices, stream_choices
 from engine.server.openapi_errors import documented_errors
-from engine.server.request_jobs import chat_job, check_model, completion_job
+from engine.server.reasoning_format import REASONING_FORMATS, inline_reasoning
+from engine.server.request_jobs import chat_job, check_model, choice_total, completion_job
 from engine.server.responses import CompletionShape, collect, stream_chunks
+from engine.server.responses_route import add_responses_routes
 from engine.server.tokenize_api import add_tokenize_routes
 from engine.server.wire import ChatCompletionRequest, CompletionRequest
 from engine.telemetry import TelemetrySource
@@ -81,7 +85,7 @@ async def _until_disconnected(request: Request) -> None:
 def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Sequence[str] = (),
                policy: HttpPolicy | None = None, live: LiveRequests | None = None,
                on_shutdown: Callable[[], None] | None = None, telemetry: TelemetrySource | None = None,
-               public_metrics: bool = False) -> FastAPI:
+               public_metrics: bool = False, reasoning_format: str = "deepseek") -> FastAPI:
     """Routes serve whatever model `models` holds at the time of each request.
 
     `policy` says who may call what (engine.server.http_policy); `api_key` and `cors_origins` are its
@@ -90,8 +94,10 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     requests being answered (the shutdown deadline ends them); `on_shutdown` runs when the app stops,
     before its event loop closes (`rigllm serve` stops the generation worker there). `/metrics`
     (Prometheus) includes `telemetry`'s cards when given; it needs a key like every route unless
-    `public_metrics` (a scraper without the key).
+    `public_metrics` (a scraper without the key). `reasoning_format`: engine.server.reasoning_format.
     """
+    if reasoning_format not in REASONING_FORMATS:
+        raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}")
     policy = policy or HttpPolicy()
     if api_key is not None or cors_origins:
         policy = replace(policy, api_key=api_key or policy.api_key,
@@ -125,6 +131,11 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         app.add_middleware(CORSMiddleware, allow_origins=list(policy.cors_origins), allow_methods=["*"],
                            allow_headers=["*"])
     metrics = install_metrics(app, models, telemetry)
+
+    def observed(sink: AsyncSink):
+        """The job's sink: metrics taken, reasoning inlined when the server is asked to."""
+        watched = metrics.observe(sink)
+        return inline_reasoning(watched) if reasoning_format == "none" else watched
 
     def model_card(service: ModelService) -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
@@ -168,14 +179,46 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     async def answer(request: Request, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Response:
         service, worker = models.require()
         loop = asyncio.get_running_loop()
-        sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
         make_job = chat_job if chat else completion_job
-        job = await loop.run_in_executor(pool, make_job, service, req, metrics.observe(sink))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        total, per_prompt = await loop.run_in_executor(pool, choice_total, service, req)
+        if total > 1:
+            return await run_choices(service, worker, req, make_job, chat, total, per_prompt, include_usage)
+        sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
+        job = await loop.run_in_executor(pool, make_job, service, req, observed(sink))
         sink.bind(job)
         live.add(sink)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await run(request, worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)
+
+    async def run_choices(service: ModelService, worker: GenerationWorker, req: Any, make_job: Any, chat: bool,
+                          total: int, per_prompt: int, include_usage: bool) -> Response:
+        """`n` > 1 or several prompts: one job per choice, all queued before any runs (`choices`)."""
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for index in range(total):
+            sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
+            job = await loop.run_in_executor(pool, functools.partial(make_job, service, req, observed(sink),
+                                                                     index=index))
+            sink.bind(job)
+            live.add(sink)
+            jobs.append((job, sink))
+        for job, _ in jobs:
+            try:
+                worker.submit(job)
+            except Unavailable as err:
+                for queued, _ in jobs:
+                    queued.cancelled.set()
+                headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
+                raise APIError(503, str(err), code=err.code, headers=headers) from None
+        shape = CompletionShape(service.model_id, chat=chat)
+        if req.stream:
+            return StreamingResponse(stream_choices(jobs, shape, include_usage, per_prompt),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        result = await collect_choices(jobs, shape, per_prompt)
+        if isinstance(result, Failed):
+            return error_response(result.status, result.message)
+        return JSONResponse(result)
 
     async def chat_completions(request: Request, req: ChatCompletionRequest) -> Response:
         return await answer(request, req, chat=True)
@@ -190,5 +233,6 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/health", health, methods=["GET"])
     add_tokenize_routes(app, lambda: models.require()[0], pool)
+    add_responses_routes(app, models, observed)
     documented_errors(app)
     return app

@@ -21,6 +21,10 @@ from engine.generation.serving.generation_job import AsyncSink, Failed, Finished
 from engine.server.logprob_format import logprobs_payload
 
 
+def sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
 def usage(done: Finished) -> dict[str, Any]:
     return {
         "prompt_tokens": done.prompt_tokens,
@@ -80,13 +84,12 @@ def _delta_events(events: list) -> list[dict[str, Any]]:
     return deltas  # a complete ToolCall adds nothing: its head and arguments have streamed
 
 
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-async def stream_chunks(job: Job, sink: AsyncSink, shape: CompletionShape, include_usage: bool) -> AsyncIterator[str]:
+async def stream_chunks(job: Job, sink: AsyncSink, shape: CompletionShape, include_usage: bool, index: int = 0,
+                        finals: dict[int, Finished] | None = None) -> AsyncIterator[str]:
+    """The job's SSE chunks as choice `index`; with `finals` (one stream of several choices: `choices`),
+    the job's `Finished` goes there and neither the usage chunk nor `[DONE]` is sent."""
     if shape.chat:
-        yield _sse(shape.envelope([{"index": 0, "delta": {"role": "assistant", "content": ""},
+        yield sse(shape.envelope([{"index": index, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}], chunk=True))
     async for item in job_results(job, sink):
         if isinstance(item, Piece):
@@ -96,21 +99,24 @@ async def stream_chunks(job: Job, sink: AsyncSink, shape: CompletionShape, inclu
             if logprobs is not None and not deltas:  # the tokens' text is still held by the reply parser
                 deltas = [{} if shape.chat else {"text": ""}]
             for k, delta in enumerate(deltas):
-                choice = {"index": 0, "delta": delta} if shape.chat else {"index": 0, **delta}
+                choice = {"index": index, "delta": delta} if shape.chat else {"index": index, **delta}
                 lp = logprobs if k == len(deltas) - 1 else None  # the piece's tokens ride on its last chunk
-                yield _sse(shape.envelope([{**choice, "logprobs": lp, "finish_reason": None}], chunk=True))
+                yield sse(shape.envelope([{**choice, "logprobs": lp, "finish_reason": None}], chunk=True))
         elif isinstance(item, Failed):
-            yield _sse(error_body(500, item.message))
+            yield sse(error_body(500, item.message))
         else:
-            last = {"index": 0, "delta": {}} if shape.chat else {"index": 0, "text": ""}
-            yield _sse(shape.envelope([{**last, "logprobs": None, "finish_reason": item.finish_reason}], chunk=True))
-            if include_usage:
-                yield _sse({**shape.envelope([], chunk=True), "usage": usage(item)})
-    yield _sse("[DONE]")
+            last = {"index": index, "delta": {}} if shape.chat else {"index": index, "text": ""}
+            yield sse(shape.envelope([{**last, "logprobs": None, "finish_reason": item.finish_reason}], chunk=True))
+            if finals is not None:
+                finals[index] = item
+            elif include_usage:
+                yield sse({**shape.envelope([], chunk=True), "usage": usage(item)})
+    if finals is None:
+        yield sse("[DONE]")
 
 
-async def collect(job: Job, sink: AsyncSink, shape: CompletionShape) -> dict[str, Any] | Failed:
-    """The whole response object, or the failure that ended the job."""
+async def collect(job: Job, sink: AsyncSink, shape: CompletionShape, index: int = 0) -> dict[str, Any] | Failed:
+    """The whole response object (its one choice numbered `index`), or the failure that ended the job."""
     reasoning, content, calls, entries = [], [], [], []
     async for item in job_results(job, sink):
         if isinstance(item, Failed):
@@ -130,9 +136,9 @@ async def collect(job: Job, sink: AsyncSink, shape: CompletionShape) -> dict[str
                                        "reasoning_content": "".join(reasoning) if reasoning else None}
             if calls:
                 message["tool_calls"] = calls
-            choice = {"index": 0, "message": message}
+            choice = {"index": index, "message": message}
         else:
-            choice = {"index": 0, "text": "".join(content)}
+            choice = {"index": index, "text": "".join(content)}
         logprobs = logprobs_payload(entries, shape.chat) if job.top_logprobs is not None else None
         body = shape.envelope([{**choice, "logprobs": logprobs, "finish_reason": item.finish_reason}], chunk=False)
         return {**body, "usage": usage(item)}

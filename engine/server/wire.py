@@ -111,7 +111,8 @@ class SamplingFields(RequestBody):
     repetition_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: int | None = 1  # 1-8 choices (request_fields.MAX_CHOICES)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) to a bias in [-100, 100]
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     speculative: bool | None = None  # None: the server's default (on when the model has an MTP head)
@@ -125,11 +126,16 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # False: a forced call is exactly one call
+    functions: list[dict[str, Any]] | None = None  # legacy: mapped to tools (request_fields.legacy_tools)
+    function_call: str | dict[str, Any] | None = None  # legacy: mapped to tool_choice
+    reasoning_effort: str | None = None  # caps the thinking tokens (structured_reply.EFFORT_BUDGETS)
+    max_thinking_tokens: int | None = Field(default=None, ge=0)  # rigllm's own cap on thinking tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]  # text or token ids, one prompt or a batch
     echo: bool | None = False
     logprobs: int | None = None  # the legacy form: how many alternatives per token (0-5)

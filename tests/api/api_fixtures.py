@@ -61,7 +61,7 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
                 cors_origins: Sequence[str] = (), context_length: int | None = None,
                 slots: int = DEFAULT_SLOTS, policy: HttpPolicy | None = None,
                 limits: RequestLimits = RequestLimits(), telemetry: TelemetrySource | None = None,
-                public_metrics: bool = False) -> Iterator[LiveServer]:
+                public_metrics: bool = False, reasoning_format: str = "deepseek") -> Iterator[LiveServer]:
     """`context_length` below the model's keeps fuzzed requests short (generation stops at the context).
 
     The app serves from a `ModelHost`, as `rigllm serve` does; `open_backend` replaces its backend opener;
@@ -75,7 +75,8 @@ def live_server(loaded: LoadedModel, open_backend: Callable[[], Backend],
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(host, api_key, cors_origins=cors_origins, policy=policy,
-                                                      telemetry=telemetry, public_metrics=public_metrics),
+                                                      telemetry=telemetry, public_metrics=public_metrics,
+                                                      reasoning_format=reasoning_format),
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

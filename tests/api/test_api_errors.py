@@ -26,8 +26,8 @@ def refused(client, status, **kwargs):
     return error
 
 
-def test_n_above_one_is_400(server):
-    error = refused(server.client(), 400, model=server.model_id, messages=HELLO, n=2)
+def test_n_above_eight_is_400(server):
+    error = refused(server.client(), 400, model=server.model_id, messages=HELLO, n=9)
     assert error["param"] == "n"
 
 
@@ -53,8 +53,8 @@ def test_unknown_model_is_404(server):
 
 def test_unsupported_features_are_clear_400s(server):
     client = server.client()
-    error = refused(client, 400, model=server.model_id, messages=HELLO, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
-    assert "not supported yet" in error["message"]
+    error = refused(client, 400, model=server.model_id, messages=HELLO, response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+    assert "needs json_schema.schema" in error["message"]
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
     assert "takes no images" in refused(client, 400, model=server.model_id, messages=image)["message"]
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.generation.detokenizer import IncrementalDetokenizer
-from engine.generation.json_constraint import JsonConstraint
+from engine.generation.grammar.constraint import GrammarConstraint
 from engine.generation.logprobs import TokenLogprob
 from engine.generation.output_parser import THINK_CLOSE, OutputParser, ParseEvent
 from engine.generation.sampler import SamplingParams
@@ -107,7 +107,9 @@ class Job:
     turn_start: int = 0
     reply_prefix: str = ""  # the reply's forced start, part of the prompt: parsed as output, not counted
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token (0-20)
-    constraint: JsonConstraint | None = None  # JSON mode's automaton; the job's tokens are then picked on the host
+    constraint: GrammarConstraint | None = None  # JSON / forced tool call grammar; tokens are then picked on the host
+    thinking_budget: int | None = None  # reasoning tokens after which `</think>` is forced (None: no limit)
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling (then picked on the host)
     multimodal: MultimodalPrompt | None = None
     speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
     deadline: float | None = None  # time.monotonic() past which the reply ends with "length" (API: "deadline_seconds")
@@ -195,7 +197,8 @@ class JobOutput:
         self.generated = 0
         self.reasoning_tokens = 0
         self.draft_tokens = self.accepted_draft_tokens = 0
-        self.picker = HostPicker(job.constraint, job.params, job.prompt_ids) if job.constraint else None
+        self.picker = (HostPicker(job.constraint, job.params, job.prompt_ids, job.logit_bias)
+                       if job.constraint or job.logit_bias else None)
         self._produced = 0  # characters of generated text so far
         self._passed = 0  # characters of it the stop matcher let through
         self._held: list[tuple[int, LogprobEntry]] = []  # (character where the token's text ends, entry)
@@ -210,8 +213,16 @@ class JobOutput:
 
     @property
     def complete(self) -> bool:
-        """JSON mode's object is closed, so the reply is over."""
-        return self.picker is not None and self.picker.constraint.complete
+        """The grammar is complete (JSON closed, the forced call written), so the reply is over."""
+        return self.picker is not None and self.picker.constraint is not None and self.picker.constraint.complete
+
+    def forced_token(self) -> int | None:
+        """`</think>` once the reasoning has used the job's thinking budget, else None: closing the
+        reasoning early keeps the rest of `max_tokens` for the answer (and its grammar)."""
+        budget = self.job.thinking_budget
+        if budget is None or not self._reasoning_open or self.reasoning_tokens < budget:
+            return None
+        return self._tokenizer.token_to_id(THINK_CLOSE)
 
     def count_drafts(self, drafted: int, accepted: int) -> None:
         """A speculative step's drafts and how many of them were accepted (for `usage` and the app)."""

@@ -349,12 +349,20 @@ def _report(slot: _Slot) -> None:
 
 
 def _needs_logits(job: Job) -> bool:
-    """Logprobs and JSON mode work on the host, from each step's logits row."""
-    return job.top_logprobs is not None or job.constraint is not None
+    """Logprobs, grammars and logit_bias work on the host, from each step's logits row; a thinking budget may force
+    a token, so its job takes one token per step (no speculative runs)."""
+    return (job.top_logprobs is not None or job.constraint is not None or job.thinking_budget is not None
+            or bool(job.logit_bias))
 
 
 def _choose(out: JobOutput, pick: Pick) -> int:
-    """The slot's pick, or for a JSON-mode job the host's pick under the grammar mask (`HostPicker`)."""
+    """The slot's pick, `</think>` when the thinking budget is spent, or for a constrained job the
+    host's pick under the grammar's bitset (`HostPicker`)."""
+    forced = out.forced_token()
+    if forced is not None:
+        if out.picker is not None:
+            out.picker.accept_forced(forced)
+        return forced
     if out.picker is None:
         return pick.token
     return out.picker.choose(pick.logits, pick.token, out.job.max_tokens - out.generated,

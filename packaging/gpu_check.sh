@@ -5,12 +5,14 @@
 #   packaging/gpu_check.sh [WHEEL_DIR] [KERNEL_DIR]        # defaults: .whl-gpu .kbuild
 #
 # WHEEL_DIR holds the pycuda wheel built on the CPU machine by packaging/pycuda-wheel (no CUDA toolkit),
-# its runtime dependencies and gguf, and bundle.tar.xz (a headless PyInstaller bundle: pycuda from the same
-# wheel, prebuilt sm_70 SASS + compute_70 PTX kernels). KERNEL_DIR holds kernels for this GPU for the tests
-# (`rigllm build-kernels --out .kbuild --arch 90` on the CPU machine). Each step's output goes to
-# $OUT/<step>.log (./gpu-check-logs without $OUT); a failing step does not stop the others; the last lines
-# are a table of the steps and their exit codes. BUDGET_S (default 570) bounds the whole run: the pytest
-# step gets what the steps before it left.
+# its runtime dependencies, gguf and the API stack's wheels, and bundle.tar.xz (a headless PyInstaller
+# bundle: pycuda from the same recipe, prebuilt sm_70 SASS + compute_70 PTX kernels). The GPU tests take
+# their kernels from KERNEL_DIR if it is a folder (`rigllm build-kernels --out .kbuild --arch 90`), else
+# from WHEEL_DIR/kbuild.tar.xz (the same, packed: it is a fifth of the size), else from the bundle (its
+# compute_70 PTX, which the driver JIT-compiles). Each step's output goes to $OUT/<step>.log
+# (./gpu-check-logs without $OUT); a failing step does not stop the others; the last lines are a table of
+# the steps and their exit codes. BUDGET_S (default 570) bounds the whole run: the pytest step gets what
+# the steps before it left.
 set -u
 set -x
 WHEELS=${1:-.whl-gpu}
@@ -55,12 +57,24 @@ print("devices:", [cuda.Device(i).name() for i in range(cuda.Device.count())])
 EOF
 step pycuda-links 20 bash -c 'readelf -d "$0"/pycuda/_driver*.so | grep NEEDED; ldd "$0"/pycuda/_driver*.so | grep -i cuda' "$SITE"
 step doctor 60 python3 -m engine.cli doctor
-step bundle-unpack 60 tar -xJf "$WHEELS/bundle.tar.xz" -C "$BUNDLE"
+# Python unpacks it (no xz binary needed); filter="tar" keeps the executable bits
+step bundle-unpack 90 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+    "$WHEELS/bundle.tar.xz" "$BUNDLE"
 step bundle-doctor 60 "${BUNDLE_RIGLLM[@]}" doctor
 step bundle-generate 120 "${BUNDLE_RIGLLM[@]}" generate --backend cuda --prompt Hi
 step bundle-bench 150 "${BUNDLE_RIGLLM[@]}" bench --synthetic 0.8b
+if [ -d "$KERNELS" ]; then
+    KERNEL_DIR=$(cd "$KERNELS" && pwd)
+elif [ -f "$WHEELS/kbuild.tar.xz" ]; then
+    step kernels-unpack 60 python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+        "$WHEELS/kbuild.tar.xz" /tmp/rigllm-gpu-check
+    KERNEL_DIR=/tmp/rigllm-gpu-check/kbuild
+else
+    KERNEL_DIR=$BUNDLE/rigllm/_internal/resources/kernels
+fi
+echo "=== kernels for the GPU tests: $KERNEL_DIR"
 LEFT=$((BUDGET_S - SECONDS))
-step gpu-tests $((LEFT > 60 ? LEFT : 60)) env RIGLLM_KERNEL_DIR="$PWD/$KERNELS" python3 -m pytest -q -p no:cacheprovider \
+step gpu-tests $((LEFT > 60 ? LEFT : 60)) env RIGLLM_KERNEL_DIR="$KERNEL_DIR" python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_driver.py tests/gpu/test_gemv.py tests/gpu/test_cuda_backend.py
 
 set +x

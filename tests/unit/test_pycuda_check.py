@@ -51,3 +51,18 @@ def test_with_cards_the_fix_is_the_driver(pycuda_without_driver):
     check = pycuda_check(have_gpu=True)
     assert [(p.what, p.fix) for p in check.problems] == [
         ("pycuda (version unknown) is installed but the NVIDIA driver is missing", DRIVER_FIX)]
+
+
+def test_a_bundles_ctypes_error_still_reads_as_no_driver(monkeypatch):
+    """PyInstaller's ctypes wraps the loader's error ("Failed to load dynlib/dll ..."), keeping it as the cause."""
+    from engine.diagnostics import cuda_driver
+
+    def frozen_cdll(name):
+        try:
+            raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+        except OSError as cause:
+            raise OSError(f"Failed to load dynlib/dll {name!r}. Most likely this dynlib/dll was not found "
+                          "when the application was frozen.") from cause
+
+    monkeypatch.setattr(cuda_driver.ctypes, "CDLL", frozen_cdll)
+    assert cuda_driver.probe_driver().error == "libcuda.so.1 not found (no NVIDIA driver installed)"

@@ -35,6 +35,7 @@ from engine.cuda.graphs import CapturedGraph, GraphApi
 _COPY_CHUNK = 1 << 30  # pycuda's memset/dtod take 32-bit sizes in some builds: split large ones
 _MAX_GRID_YZ = 65535
 _MAX_GRID_X = 2**31 - 1
+NO_DRIVER = "no NVIDIA driver"  # how a pycuda that cannot load libcuda.so.1 is reported (the doctor matches it)
 
 
 class CudaError(RigllmError):
@@ -51,14 +52,22 @@ def _cuda() -> Any:
     try:
         import pycuda.driver as cuda
     except ImportError as err:
-        raise CudaError(
-            "pycuda is not installed: the CUDA backend needs `pip install 'rigllm[gpu]'` and an NVIDIA driver"
-        ) from err
+        raise CudaError(_pycuda_import_failure(err)) from err
     try:
         cuda.init()
     except cuda.Error as err:
         raise CudaError(f"no usable CUDA driver or device: {err}") from err
     return cuda
+
+
+def _pycuda_import_failure(err: ImportError) -> str:
+    """Why `import pycuda.driver` failed: pycuda missing, the NVIDIA driver missing (pycuda's extension
+    links the driver's libcuda.so.1, so without a driver pycuda installs but does not load), or else."""
+    if isinstance(err, ModuleNotFoundError) and err.name == "pycuda":
+        return "pycuda is not installed: the CUDA backend needs `pip install 'rigllm[gpu]'` and an NVIDIA driver"
+    if "libcuda.so" in str(err):
+        return f"{NO_DRIVER}: pycuda is installed but the driver's libcuda.so.1 cannot be loaded ({err})"
+    return f"pycuda is installed but does not load: {err}"
 
 
 def gpu_unavailable_reason() -> str | None:

@@ -66,7 +66,8 @@ def probe_driver(library: str = LIBCUDA) -> DriverProbe:
     try:
         lib = _Lib(ctypes.CDLL(library))
     except OSError as err:
-        missing = "cannot open shared object file" in str(err)
+        # A PyInstaller bundle's ctypes says "Failed to load dynlib/dll ..."; the loader's own error is its cause.
+        missing = "cannot open shared object file" in str(err.__cause__ or err)
         return DriverProbe(None, (), f"{library} not found (no NVIDIA driver installed)" if missing
                            else f"{library} cannot be loaded ({err})")
     version = None

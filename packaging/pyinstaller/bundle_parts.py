@@ -8,16 +8,22 @@ the engine matches prebuilt fatbins against their source hash at run time.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
-from PyInstaller.utils.hooks import collect_submodules, copy_metadata
+from PyInstaller.utils.hooks import collect_data_files, collect_submodules, copy_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = ROOT / "resources"
 KERNELS = RESOURCES / "kernels"
 CUDA_SRC = ROOT / "cuda_src"
 REQUIRE_KERNELS_ENV = "RIGLLM_BUNDLE_REQUIRE_KERNELS"
+# RIGLLM_BUNDLE_HEADLESS=1: the CLI without the desktop app and Qt (about 110 MB less), for a headless rig
+# and for carrying to a GPU test machine; its `rigllm` has every command but `gui`.
+HEADLESS_ENV = "RIGLLM_BUNDLE_HEADLESS"
+APP_PARTS = ["app", "PySide6", "shiboken6", "pyqtgraph"]
+PYCUDA_BUILD_NOTE = "RIGLLM_BUILD.txt"  # packaging/pycuda-wheel writes it into the pycuda it builds
 
 DEV_FIXTURES = ["engine.fixtures.evaluate", "engine.fixtures.export", "engine.fixtures.tasks",
                 "engine.fixtures.torch_model", "engine.fixtures.train", "engine.fixtures.vocab"]
@@ -34,10 +40,18 @@ EXCLUDES = [
 DRIVER_LIBRARY_PREFIXES = ("libcuda.so", "libnvidia-", "nvcuda.dll", "nvml.dll")
 
 
+def headless() -> bool:
+    return os.environ.get(HEADLESS_ENV) == "1"
+
+
+def excludes() -> list[str]:
+    return EXCLUDES + (APP_PARTS if headless() else [])
+
+
 def hidden_imports() -> list[str]:
     """Modules PyInstaller cannot see: `engine.cli` imports commands by name, `gui` comes by entry point."""
     engine = collect_submodules("engine", filter=lambda name: name not in DEV_FIXTURES)
-    return [*engine, *collect_submodules("app")]
+    return engine if headless() else [*engine, *collect_submodules("app")]
 
 
 def _kernel_entries() -> tuple[list[Path], list[str]]:
@@ -74,13 +88,28 @@ def kernel_datas() -> list[tuple[str, str]]:
     return [(str(p), "resources/kernels") for p in [*fresh, *extras]]
 
 
+def pycuda_datas() -> list[tuple[str, str]]:
+    """pycuda's metadata (its version, for the doctor) and its build note, when pycuda is installed here.
+
+    pycuda itself comes through the import graph (engine.cuda.driver imports it); without it the bundle
+    runs the CPU reference backend only.
+    """
+    if importlib.util.find_spec("pycuda") is None:
+        print("WARNING: pycuda is not installed here: the bundle will run the CPU reference backend only "
+              "(pip install -e '.[gpu]' first: packaging/README.md)")
+        return []
+    return [*copy_metadata("pycuda"), *collect_data_files("pycuda", includes=[PYCUDA_BUILD_NOTE])]
+
+
 def datas() -> list[tuple[str, str]]:
-    """resources/ (chat template, icons; kernels filtered), the kernel sources, and rigllm's metadata."""
+    """resources/ (chat template, icons; kernels filtered), the kernel sources, rigllm's and pycuda's metadata."""
     files = [p for p in RESOURCES.rglob("*") if p.is_file() and KERNELS not in p.parents]
     resources = [(str(p), str(p.parent.relative_to(ROOT))) for p in files]
     sources = [(str(p), "cuda_src") for p in sorted(CUDA_SRC.iterdir()) if p.suffix in (".cu", ".cuh")]
-    # engine.cli finds the `gui` command through the rigllm.commands entry point in this metadata.
-    return [*resources, *kernel_datas(), *sources, *copy_metadata("rigllm")]
+    # engine.cli finds the `gui` command through the rigllm.commands entry point in this metadata; a headless
+    # bundle leaves it out, since registering `gui` imports Qt.
+    metadata = [] if headless() else copy_metadata("rigllm")
+    return [*resources, *kernel_datas(), *sources, *metadata, *pycuda_datas()]
 
 
 def without_driver_libraries(binaries: list) -> list:

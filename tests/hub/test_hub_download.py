@@ -4,6 +4,7 @@ the mmproj pulled beside its model, and the models folder's list and delete."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -85,13 +86,15 @@ def test_the_free_disk_check_runs_before_any_byte_is_fetched(hub, access, librar
 def test_the_proxy_setting_carries_the_hub_traffic(hub, library, monkeypatch, vision_files):
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
+    for var in ("HTTPS_PROXY", "HTTP_PROXY"):  # recorded before use_proxy sets them, so teardown restores these
+        monkeypatch.delenv(var, raising=False)
     with serve(fixture_repos(vision_files)) as proxy:  # a second loopback server standing in for the proxy
         try:
             use_proxy(proxy.endpoint)
             pull(REPO, library, HubAccess(hub.endpoint))
         finally:
             for var in ("HTTPS_PROXY", "HTTP_PROXY"):
-                monkeypatch.delenv(var, raising=False)
+                os.environ.pop(var, None)
             use_proxy("")
     assert not hub.log
     assert proxy.log and all(r["path"].startswith(hub.endpoint + "/") for r in proxy.log)  # absolute-form: proxied

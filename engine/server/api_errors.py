@@ -17,7 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.generation.serving.generation_job import Job
 from engine.generation.serving.request_error import APIError
+from engine.generation.serving.worker import GenerationWorker, Unavailable
 
 log = logging.getLogger("rigllm.server")
 
@@ -66,3 +68,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
         return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def submit_or_503(worker: GenerationWorker, job: Job) -> None:
+    """Queue `job`, or raise the 503 a client can act on: why (a full queue, a dead worker) and, when the
+    worker knows it, how long to wait (Retry-After)."""
+    try:
+        worker.submit(job)
+    except Unavailable as err:
+        headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
+        raise APIError(503, str(err), code=err.code, headers=headers) from None

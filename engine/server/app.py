@@ -28,13 +28,13 @@ from engine.generation.serving.generation_job import AsyncSink, Failed, Job
 from engine.generation.serving.live_requests import LiveRequests
 from engine.generation.serving.model_service import ModelService
 from engine.generation.serving.request_error import APIError
-from engine.generation.serving.worker import GenerationWorker, Unavailable
-from engine.server.api_errors import error_response, install_error_handlers
+from engine.generation.serving.worker import GenerationWorker
+from engine.server.api_errors import error_response, install_error_handlers, submit_or_503
 from engine.server.bounded_body import BoundedBodyRoute
+from engine.server.choices import collect_choices, stream_choices
 from engine.server.health import health_answer
 from engine.server.http_policy import HttpPolicy, guard
 from engine.server.metrics_routes import METRICS_PATH, install_metrics
-from engine.server.choices import collect_choices, stream_choices
 from engine.server.openapi_errors import documented_errors
 from engine.server.reasoning_format import REASONING_FORMATS, inline_reasoning
 from engine.server.request_jobs import chat_job, check_model, choice_total, completion_job
@@ -155,11 +155,7 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
 
     async def run(request: Request, worker: GenerationWorker, job: Job, sink: AsyncSink, shape: CompletionShape,
                   stream: bool, include_usage: bool) -> Response:
-        try:
-            worker.submit(job)
-        except Unavailable as err:
-            headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
-            raise APIError(503, str(err), code=err.code, headers=headers) from None
+        submit_or_503(worker, job)
         if stream:
             return StreamingResponse(stream_chunks(job, sink, shape, include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -203,14 +199,13 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
             sink.bind(job)
             live.add(sink)
             jobs.append((job, sink))
-        for job, _ in jobs:
-            try:
-                worker.submit(job)
-            except Unavailable as err:
-                for queued, _ in jobs:
-                    queued.cancelled.set()
-                headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
-                raise APIError(503, str(err), code=err.code, headers=headers) from None
+        try:
+            for job, _ in jobs:
+                submit_or_503(worker, job)
+        except APIError:
+            for queued, _ in jobs:
+                queued.cancelled.set()
+            raise
         shape = CompletionShape(service.model_id, chat=chat)
         if req.stream:
             return StreamingResponse(stream_choices(jobs, shape, include_usage, per_prompt),

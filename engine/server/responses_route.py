@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.generation.serving.generation_job import AsyncSink, Event
 from engine.generation.serving.request_error import APIError
-from engine.generation.serving.worker import Unavailable
+from engine.server.api_errors import submit_or_503
 from engine.server.request_jobs import chat_job
 from engine.server.responses_api import ResponseBuilder, response_events, sse_event
 from engine.server.responses_input import ConversationStore, ResponsesRequest, chat_request
@@ -34,11 +34,7 @@ def add_responses_routes(app: FastAPI, models: Any, observed: Callable[[AsyncSin
         job = await loop.run_in_executor(app.state.prepare_pool, chat_job, service, chat, observed(sink))
         sink.bind(job)
         app.state.live_requests.add(sink)
-        try:
-            worker.submit(job)
-        except Unavailable as err:
-            headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
-            raise APIError(503, str(err), code=err.code, headers=headers) from None
+        submit_or_503(worker, job)
         builder = ResponseBuilder(req, service.model_id)
 
         def keep() -> None:

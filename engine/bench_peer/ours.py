@@ -38,6 +38,7 @@ def measure_ours(model_path: Path, shape: str, prompts: tuple[int, ...], depths:
         prefill_speed(dec, min(512, max(prompts)))  # warm-up, as on llama.cpp's side
         runs = {n: [prefill_speed(dec, n) for _ in range(reps)] for n in prompts}
         decode = {d: decode_speed(dec, 1, d, steps) for d in depths}
+        read_bytes = {d: decode_bytes(cfg, d, weights) for d in depths}  # the file's own matrix types
         device = card.device_name
     finally:
         card.close()
@@ -50,5 +51,5 @@ def measure_ours(model_path: Path, shape: str, prompts: tuple[int, ...], depths:
         "prefill_runs": runs,
         "decode_steps": steps,
         "decode_tokens_per_s": decode,
-        "decode_bytes_per_token": {d: decode_bytes(cfg, d) for d in depths},
+        "decode_bytes_per_token": read_bytes,
     }

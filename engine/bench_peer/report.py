@@ -63,10 +63,14 @@ def prefill_projection(tps: float, ops_per_token: int, peak_tops: float | None) 
 
 
 def compare_shape(shape: str, cfg: ModelConfig, ours: dict[str, Any] | None, llama: dict[str, dict[str, Any]],
-                  read_gbps: float | None = None) -> dict[str, Any]:
+                  read_gbps: float | None = None, weights: str = "q8_0") -> dict[str, Any]:
     """One shape's table: per prompt length and per depth, each engine's tokens/s, the ratios
     rigllm ÷ llama.cpp (per llama.cpp variant), the fractions and the projections. `read_gbps` is
-    needed when `ours` is None (llama.cpp only)."""
+    needed when `ours` is None (llama.cpp only). Bytes per decode token are the ones rigllm counted on
+    the file (its K-quant matrices as stored); without them (llama.cpp only) the Q8_0 count of the shape,
+    which is why a K-quant file needs rigllm's side."""
+    if ours is None and weights != "q8_0":
+        raise ValueError(f"a {weights} comparison needs rigllm's measurements (its byte count of the file)")
     ceilings = dict(ours["ceilings"]) if ours else {"read_gb_per_s": read_gbps}
     read = ceilings["read_gb_per_s"]
     ops = matmul_ops_per_token(cfg)
@@ -89,7 +93,8 @@ def compare_shape(shape: str, cfg: ModelConfig, ours: dict[str, Any] | None, lla
                 row["ratio"][name] = mine / theirs
         prefill[n] = row
     for d in depths:
-        nbytes = decode_bytes(cfg, d)
+        counted = ours.get("decode_bytes_per_token", {}) if ours else {}
+        nbytes = counted.get(d) or decode_bytes(cfg, d)
         row = {"bytes_per_token": nbytes, "llama": {}, "ratio": {}}
         mine = ours["decode_tokens_per_s"].get(d) if ours else None
         if mine is not None:
@@ -103,8 +108,10 @@ def compare_shape(shape: str, cfg: ModelConfig, ours: dict[str, Any] | None, lla
             if mine is not None:
                 row["ratio"][name] = mine / theirs
         decode[d] = row
-    return {"shape": shape, "matmul_ops_per_token": ops, "ceilings": ceilings, "prefill": prefill, "decode": decode,
-            "llama_cmp_published": LLAMA_CMP_PUBLISHED.get(shape)}
+    return {"shape": shape, "weights": weights, "matmul_ops_per_token": ops, "ceilings": ceilings,
+            "prefill": prefill, "decode": decode,
+            # qengine's llama.cpp figures are for Q8_0 files
+            "llama_cmp_published": LLAMA_CMP_PUBLISHED.get(shape) if weights == "q8_0" else None}
 
 
 def _num(x: float | None, digits: int = 0) -> str:
@@ -126,7 +133,7 @@ def markdown_table(shape_result: dict[str, Any], variants: list[str]) -> str:
     head = ["test", "rigllm t/s"] + [f"llama.cpp {v} t/s" for v in variants] + [f"ratio vs {v}" for v in variants]
     head += ["rigllm % of peak", f"llama.cpp {first} % of peak" if first else "llama.cpp % of peak",
              "projected CMP rigllm t/s", f"projected CMP llama.cpp {first} t/s" if first else "projected CMP llama.cpp t/s"]
-    title = (f"**{shape_result['shape']} shape** (% of peak: prefill of the DP4A peak, rigllm only — llama.cpp's "
+    title = (f"**{shape_result['shape']} shape, {shape_result.get('weights', 'q8_0').upper()}** (% of peak: prefill of the DP4A peak, rigllm only — llama.cpp's "
              "prefill runs on int8 tensor cores here; decode of the read ceiling)")
     lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -165,8 +172,8 @@ def published_text(published: dict[str, Any]) -> str:
 
 def with_int_keys(measured: dict[str, Any]) -> dict[str, Any]:
     """One engine's measurements with their prompt lengths and depths as ints again (JSON made them strings)."""
-    return {**measured, **{key: {int(k): v for k, v in measured[key].items()}
-                           for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}}
+    keyed = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_bytes_per_token")
+    return {**measured, **{key: {int(k): v for k, v in measured[key].items()} for key in keyed if key in measured}}
 
 
 def rerender(saved: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -175,11 +182,12 @@ def rerender(saved: dict[str, Any]) -> tuple[dict[str, Any], str]:
     from engine.gguf.shapes import shape_config
 
     tables = []
-    for shape, entry in saved["shapes"].items():
+    for key, entry in saved["shapes"].items():
+        shape, weights = entry.get("shape", key), entry.get("weights", "q8_0")  # runs before --weights: Q8_0
         ours = entry["rigllm"] and with_int_keys(entry["rigllm"])
         llama = {name: with_int_keys(v) for name, v in entry["llama"].items()}
         read = None if ours else entry["comparison"]["ceilings"].get("read_gb_per_s")
-        entry["comparison"] = compare_shape(shape, shape_config(shape), ours, llama, read)
+        entry["comparison"] = compare_shape(shape, shape_config(shape), ours, llama, read, weights)
         tables.append(markdown_table(entry["comparison"], list(llama)))
     return saved, "\n\n".join(tables)
 

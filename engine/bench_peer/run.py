@@ -29,6 +29,7 @@ from typing import Any
 from engine.bench_peer import build
 from engine.bench_peer.models import ensure_model
 from engine.bench_peer.report import compare_shape, markdown_table, with_int_keys
+from engine.gguf.shapes import SYNTHETIC_WEIGHTS
 from engine.errors import RigllmError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +61,14 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _weight_types(text: str) -> tuple[str, ...]:
+    types = tuple(t for t in text.split(",") if t)
+    unknown = [t for t in types if t not in SYNTHETIC_WEIGHTS]
+    if unknown or not types:
+        raise argparse.ArgumentTypeError(f"expected file types among {', '.join(SYNTHETIC_WEIGHTS)}, not '{text}'")
+    return types
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench_peer.run", description=__doc__.splitlines()[0])
     p.add_argument("--sdist", type=Path, help="llama-cpp-python sdist (.tar.gz, stripped or not, or a folder) to build")
@@ -69,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=Path, default=Path(tempfile.gettempdir()) / "rigllm-peer-models",
                    help="folder of the synthetic GGUFs (written when missing)")
     p.add_argument("--shapes", default="9b,27b", help="comma-separated: 0.8b, 9b, 27b")
+    p.add_argument("--weights", type=_weight_types, default=("q8_0",),
+                   help=f"comma-separated file types, each shape written in each: {', '.join(SYNTHETIC_WEIGHTS)}")
     p.add_argument("--prompts", type=_ints, default=(512, 2048, 8192, 18432))
     p.add_argument("--depths", type=_ints, default=(512, 18432))
     p.add_argument("--steps", type=int, default=64, help="decode tokens timed per depth")
@@ -127,7 +138,8 @@ def obtain_wheel(args: argparse.Namespace, shapes: list[str]) -> Path:
     thread.start()
     try:  # the GGUFs are written meanwhile (also with --build-only: a warm machine keeps them for the next call)
         for shape in shapes:
-            ensure_model(args.models, shape)
+            for weights in args.weights:
+                ensure_model(args.models, shape, weights)
     finally:
         thread.join()
     if "error" in box:
@@ -174,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         "shapes": {},
     }
     tables = []
-    for shape in shapes:
-        model = ensure_model(args.models, shape)
+    for shape, weights in ((s, w) for s in shapes for w in args.weights):
+        model = ensure_model(args.models, shape, weights)
         llama = {}
         if wheel_site is not None:
             for name, env in variants:
@@ -188,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             from engine.bench_peer.ours import measure_ours
 
             cfg, ours = measure_ours(model, shape, args.prompts, args.depths, args.steps, args.reps)
-        table = compare_shape(shape, cfg, ours, llama)
-        result["shapes"][shape] = {"model": model.name, "rigllm": ours, "llama": llama, "comparison": table}
+        table = compare_shape(shape, cfg, ours, llama, weights=weights)
+        key = shape if weights == "q8_0" else f"{shape}-{weights}"
+        result["shapes"][key] = {"shape": shape, "weights": weights, "model": model.name, "rigllm": ours,
+                                 "llama": llama, "comparison": table}
         tables.append(markdown_table(table, [n for n, _ in variants] if llama else []))
         (args.out / "peer-bench.json").write_text(json.dumps(result, indent=1, default=str))  # after each shape
     result["gpus_after"] = gpu_state()

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine.gguf.shapes import SYNTHETIC_WEIGHTS
+
 TRAINED_FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "trained" / "fixture-q8_0.gguf"
-SYNTHETIC_WEIGHTS = ("q8_0", "q4_k_m", "q5_k_m", "q6_k")  # the matrix types the GPU runs (no fp32 weights on the card)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -22,6 +22,9 @@ _COMMON = dict(
     vocab_size=248_320,
 )
 
+# The file types of full-size synthetic benchmark models: the matrix types the GPU runs (no fp32 weights on the card)
+SYNTHETIC_WEIGHTS = ("q8_0", "q4_k_m", "q5_k_m", "q6_k")
+
 SHAPES: dict[str, ModelConfig] = {
     "0.8b": ModelConfig(
         d_model=1024, d_ff=3584, n_layers=24, n_mtp=0, n_head=8, n_head_kv=2,

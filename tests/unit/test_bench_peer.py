@@ -18,6 +18,7 @@ from engine.bench_peer.report import (
     markdown_table,
     matmul_ops_per_token,
     prefill_projection,
+    rerender,
 )
 from engine.cuda.bench.speed import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
 from engine.errors import RigllmError
@@ -194,7 +195,7 @@ def test_markdown_table_rows_and_missing_cells():
     t = compare_shape("9b", cfg, _ours({512: 5000.0, 18432: 3800.0}, {512: 320.0, 18432: 300.0}),
                       {"default": _llama({512: 8800.0}, {512: 215.0, 18432: 206.0})})
     md = markdown_table(t, ["default"]).splitlines()
-    assert md[0].startswith("**9b shape**")
+    assert md[0].startswith("**9b shape, Q8_0**")
     header = md[2]
     assert "llama.cpp default t/s" in header and "ratio vs default" in header
     rows = md[4:8]
@@ -244,20 +245,20 @@ def test_main_runs_both_engines_per_shape_and_writes_json_and_markdown(tmp_path,
     monkeypatch.setattr(run, "obtain_wheel", lambda args, shapes: wheel)
     monkeypatch.setattr(build, "install_wheel", lambda w, target: target)
     monkeypatch.setattr(run, "run_llama", fake_llama)
-    monkeypatch.setattr(run, "ensure_model", lambda folder, shape: tmp_path / f"{shape}.gguf")
+    monkeypatch.setattr(run, "ensure_model", lambda folder, shape, weights: tmp_path / f"{shape}-{weights}.gguf")
     monkeypatch.setattr(run, "gpu_state", lambda: [{"name": "test GPU"}])
     monkeypatch.setattr(ours_module, "measure_ours", fake_ours)
     out = tmp_path / "out"
     assert run.main(["--out", str(out), "--shapes", "9b,27b", "--prompts", "512", "--depths", "512",
                      "--llama-variant", "default", "--llama-variant", "no-graphs:GGML_CUDA_DISABLE_GRAPHS=1"]) == 0
-    assert seen == [("9b.gguf", "default", {}), ("9b.gguf", "no-graphs", {"GGML_CUDA_DISABLE_GRAPHS": "1"}),
-                    ("27b.gguf", "default", {}), ("27b.gguf", "no-graphs", {"GGML_CUDA_DISABLE_GRAPHS": "1"})]
+    assert seen == [("9b-q8_0.gguf", "default", {}), ("9b-q8_0.gguf", "no-graphs", {"GGML_CUDA_DISABLE_GRAPHS": "1"}),
+                    ("27b-q8_0.gguf", "default", {}), ("27b-q8_0.gguf", "no-graphs", {"GGML_CUDA_DISABLE_GRAPHS": "1"})]
     result = json.loads((out / "peer-bench.json").read_text())
     assert result["wheel"] == wheel.name and result["gpus_after"] == [{"name": "test GPU"}]
     ratio = result["shapes"]["27b"]["comparison"]["prefill"]["512"]["ratio"]
     assert ratio == {"default": pytest.approx(5000 / 8800), "no-graphs": pytest.approx(5000 / 8800)}
     md = (out / "peer-bench.md").read_text()
-    assert "**9b shape**" in md and "**27b shape**" in md and "ratio vs no-graphs" in md
+    assert "**9b shape, Q8_0**" in md and "**27b shape, Q8_0**" in md and "ratio vs no-graphs" in md
 
 
 def test_slim_wheel_keeps_one_copy_per_soname_and_the_python_package(tmp_path):
@@ -293,9 +294,57 @@ def test_obtain_wheel_builds_while_writing_models_and_returns_pieces(tmp_path, m
         return built
 
     monkeypatch.setattr(build, "build_wheel", fake_build)
-    monkeypatch.setattr(run, "ensure_model", lambda folder, shape: written.append(shape))
+    monkeypatch.setattr(run, "ensure_model", lambda folder, shape, weights: written.append((shape, weights)))
     args = run.parser().parse_args(["--out", str(tmp_path / "out"), "--sdist", str(tmp_path / "s.tar.gz"),
-                                    "--shapes", "9b,27b", "--build-only"])
+                                    "--shapes", "9b,27b", "--weights", "q8_0,q4_k_m", "--build-only"])
     assert run.obtain_wheel(args, ["9b", "27b"]) == built
-    assert written == ["9b", "27b"]
+    assert written == [("9b", "q8_0"), ("9b", "q4_k_m"), ("27b", "q8_0"), ("27b", "q4_k_m")]
     assert (tmp_path / "out" / f"{built.name}.part00").read_bytes() == b"w" * 100
+
+
+def test_k_quant_files_are_compared_on_the_bytes_rigllm_counted_in_them(tmp_path, monkeypatch):
+    """A K-quant run: each shape written in each --weights type, kept under its own key; decode fractions
+    use the bytes rigllm counted on that file (fewer than the Q8_0 count of the shape), and qengine's
+    Q8_0 llama.cpp figures are not printed under a K-quant table."""
+    import json
+
+    from engine.bench_peer import ours as ours_module
+
+    q4_bytes = decode_bytes(shape_config("9b"), 512) * 6 // 10
+
+    def fake_ours(model, shape, prompts, depths, steps, reps):
+        measured = _ours({n: 5000.0 for n in prompts}, {d: 320.0 for d in depths})
+        if "q4_k_m" in model.name:
+            measured["decode_bytes_per_token"] = {d: q4_bytes for d in depths}
+        return shape_config(shape), measured
+
+    monkeypatch.setattr(run, "obtain_wheel", lambda args, shapes: tmp_path / "llama_cpp_python-0.3.36-py3-none-any.whl")
+    monkeypatch.setattr(build, "install_wheel", lambda w, target: target)
+    monkeypatch.setattr(run, "run_llama", lambda *a: {"prefill_tokens_per_s": {"512": 8800.0},
+                                                      "decode_tokens_per_s": {"512": 215.0}})
+    monkeypatch.setattr(run, "ensure_model", lambda folder, shape, weights: tmp_path / f"{shape}-{weights}.gguf")
+    monkeypatch.setattr(run, "gpu_state", lambda: [])
+    monkeypatch.setattr(ours_module, "measure_ours", fake_ours)
+    out = tmp_path / "out"
+    assert run.main(["--out", str(out), "--shapes", "9b", "--weights", "q8_0,q4_k_m", "--prompts", "512",
+                     "--depths", "512"]) == 0
+    shapes = json.loads((out / "peer-bench.json").read_text())["shapes"]
+    assert list(shapes) == ["9b", "9b-q4_k_m"] and shapes["9b-q4_k_m"]["weights"] == "q4_k_m"
+    q8 = shapes["9b"]["comparison"]["decode"]["512"]
+    q4 = shapes["9b-q4_k_m"]["comparison"]["decode"]["512"]
+    assert q4["bytes_per_token"] == q4_bytes < q8["bytes_per_token"]
+    assert q4["rigllm"]["fraction_of_read_ceiling"] == pytest.approx(q8["rigllm"]["fraction_of_read_ceiling"] * 0.6, rel=1e-3)
+    assert shapes["9b-q4_k_m"]["comparison"]["llama_cmp_published"] is None
+    md = (out / "peer-bench.md").read_text()
+    assert "**9b shape, Q4_K_M**" in md and md.count("published, not by us") == 1
+    saved, text = rerender(json.loads((out / "peer-bench.json").read_text()))  # the method re-applied from JSON
+    assert saved["shapes"]["9b-q4_k_m"]["comparison"]["decode"][512]["bytes_per_token"] == q4_bytes
+    assert "**9b shape, Q4_K_M**" in text
+
+
+def test_weights_outside_the_synthetic_types_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        run.parser().parse_args(["--weights", "q8_0,iq4_xs"])
+    assert "expected file types among q8_0, q4_k_m, q5_k_m, q6_k" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="needs rigllm's measurements"):
+        compare_shape("9b", shape_config("9b"), None, {}, read_gbps=4400.0, weights="q4_k_m")

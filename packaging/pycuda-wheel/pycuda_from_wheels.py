@@ -17,6 +17,7 @@ curand.h to build and libcurand.so.10 at run time.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,18 @@ def header_dirs() -> list[Path]:
     return found
 
 
+# What the pip running this backend tells its hook process (pyproject_hooks: `_PYPROJECT_HOOKS_*` since pip
+# 24, `PEP517_*` before): inherited by the pip below, they would point its own metadata hook for pycuda's
+# sdist at this folder ("Cannot find module 'setuptools.build_meta' in ['.../pycuda-wheel']", seen with
+# pip 26 on Python 3.12), so they are dropped from its environment.
+HOOK_ENVIRONMENT_PREFIXES = ("_PYPROJECT_HOOKS_", "PYPROJECT_HOOKS_", "PEP517_")
+
+
+def pip_environment() -> dict[str, str]:
+    """This process's environment without the build-hook variables of the pip that started it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(HOOK_ENVIRONMENT_PREFIXES)}
+
+
 def fetch_sdist(dest: Path) -> Path:
     """pycuda's sdist through pip (the user's index and proxy settings apply), checked against its pinned hash."""
     dest.mkdir(parents=True)
@@ -97,7 +110,7 @@ def fetch_sdist(dest: Path) -> Path:
     requirements.write_text(f"pycuda=={PYCUDA_VERSION} --hash=sha256:{PYCUDA_SDIST_SHA256}\n")
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "pycuda",
                     "--no-build-isolation", "--require-hashes", "-r", str(requirements), "-d", str(dest)],
-                   check=True)
+                   check=True, env=pip_environment())
     return dest / f"pycuda-{PYCUDA_VERSION}.tar.gz"
 
 

@@ -132,3 +132,22 @@ def test_the_gpu_extra_names_the_recipe_folder_by_absolute_url(monkeypatch):
     assert (RECIPE / "pyproject.toml").is_file()
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["rigllm"]["optional-dependencies"]
     assert {k: v for k, v in extras.items() if k != "gpu"} == {k: v for k, v in table.items() if k != "gpu"}
+
+
+def test_the_sdist_download_does_not_inherit_the_outer_pips_hook_variables(tmp_path, monkeypatch):
+    """pip 26 runs this backend with _PYPROJECT_HOOKS_BACKEND_PATH_JSON naming the recipe folder; a nested
+    pip that inherits it looks for setuptools' backend there and fails (seen on Python 3.12)."""
+    seen = {}
+
+    def fake_run(cmd, check, env):
+        seen.update(cmd=cmd, env=env)
+
+    monkeypatch.setenv("_PYPROJECT_HOOKS_BACKEND_PATH_JSON", '["/somewhere/pycuda-wheel"]')
+    monkeypatch.setenv("_PYPROJECT_HOOKS_BUILD_BACKEND", "pycuda_from_wheels")
+    monkeypatch.setenv("PEP517_BACKEND_PATH", "/somewhere/pycuda-wheel")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    monkeypatch.setattr(pycuda_from_wheels.subprocess, "run", fake_run)
+    pycuda_from_wheels.fetch_sdist(tmp_path / "sdist")
+    assert seen["cmd"][1:4] == ["-m", "pip", "download"]
+    assert not [k for k in seen["env"] if "PYPROJECT_HOOKS" in k or k.startswith("PEP517_")]
+    assert seen["env"]["PIP_INDEX_URL"] == "https://mirror.example/simple"  # the user's pip settings still apply

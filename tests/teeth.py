@@ -199,7 +199,14 @@ def summation_reorder() -> Iterator[None]:
 # ---- layer-local comparisons (engine.reference.layer_replay) ---------------------------------------------
 LOCAL_P90_FACTOR = 10.0  # a place's 90th-percentile row difference may be this many times the floor's largest,
 LOCAL_P90_MIN = 1e-4  # or this, the fp32 tolerance the kernel tests hold each mixer to (test_gdn/test_attention)
-LOCAL_MAX_FACTOR = 4.0  # and its worst row this many times the floor's worst
+LOCAL_MAX_FACTOR = 4.0  # and its worst row this many times the floor's worst,
+# except for a few isolated rows, each under a cap: a Q8_1 rounding that flips one int8 level of one row's
+# quantized activations moves that row alone. Correct code on the H200 (2026-12-02, the head-grouping models
+# of test_teeth_head_groups.py, d_model 64, 160 rows a place) had such rows in FFN places up to 3.47e-3, while
+# the floor's own flips there were as small as 8.0e-5 or absent; the one-layer bugs of tests/gpu/mutations move
+# most rows of their place (p90 3.0e-2, worst 6.8e-2).
+LOCAL_FLIP_ROWS = 3  # rows of one place that may exceed the max bound, as isolated rounding flips
+LOCAL_FLIP_CAP = 1e-2  # and none of them over this (about 3x the largest flip seen in correct code)
 WHOLE_MODEL_FACTOR = 2.0  # whole-model logits: worst position within twice the floor's worst
 
 
@@ -239,13 +246,20 @@ class LocalDiffs:
         return "\n".join(lines)
 
     def first_over(self, max_bound: float, p90_bound: float) -> str:
+        """The first place (in forward order) outside the bounds, described, or "none". A place is inside when
+        its p90 is within `p90_bound` and its rows over `max_bound` are at most LOCAL_FLIP_ROWS, each within
+        max(max_bound, LOCAL_FLIP_CAP); NaN counts as over."""
+        cap = max(max_bound, LOCAL_FLIP_CAP)
         for place in sorted(self.rows, key=lambda p: (p[0], ("norm", "mixer", "ffn").index(p[1]))):
+            rows = np.concatenate(self.rows[place])
             worst, p90 = self.stat(place, None), self.stat(place, 0.9)
-            if not (worst <= max_bound and p90 <= p90_bound):
-                rows = np.concatenate(self.rows[place])
-                return (f"layer {place[0]} {place[1]}: max {worst:.3e} (bound {max_bound:.3e}), p90 {p90:.3e} "
-                        f"(bound {p90_bound:.3e}); first row over the max bound: "
-                        f"{int(np.argmax(~(rows <= max_bound))) if (~(rows <= max_bound)).any() else 'none'}")
+            over = np.flatnonzero(~(rows <= max_bound))
+            isolated = len(over) <= LOCAL_FLIP_ROWS and bool((rows[over] <= cap).all())
+            if not (isolated and p90 <= p90_bound):
+                return (f"layer {place[0]} {place[1]}: max {worst:.3e} (bound {max_bound:.3e}; up to "
+                        f"{LOCAL_FLIP_ROWS} rows to {cap:.0e}), p90 {p90:.3e} (bound {p90_bound:.3e}); "
+                        f"{len(over)} of {len(rows)} rows over the max bound, the first: "
+                        f"{int(over[0]) if len(over) else 'none'}")
         return "none"
 
 
@@ -267,9 +281,10 @@ def reference_local_floor(loaded, model: ReferenceModel, samples: Sequence[list[
 
 
 def check_layer_local(name: str, diffs: LocalDiffs, floor: LocalDiffs) -> None:
-    """Every place within LOCAL_MAX_FACTOR x the floor's worst row, and its p90 within LOCAL_P90_FACTOR x the
-    floor's largest p90 or LOCAL_P90_MIN, whichever is larger. Why p90: a flipped Q8_1 rounding moves a few
-    rows by up to ~1e-3 in correct code (the max bound allows for that), a wrong layer moves most rows."""
+    """Every place within LOCAL_MAX_FACTOR x the floor's worst row but for up to LOCAL_FLIP_ROWS isolated rows
+    under LOCAL_FLIP_CAP, and its p90 within LOCAL_P90_FACTOR x the floor's largest p90 or LOCAL_P90_MIN,
+    whichever is larger. Why both: a flipped Q8_1 rounding moves a single row by up to a few 1e-3 in correct
+    code, a wrong layer moves most rows (p90), a wrong row moves that row by more than the cap."""
     max_bound = LOCAL_MAX_FACTOR * floor.largest(None)
     p90_bound = max(LOCAL_P90_FACTOR * floor.largest(0.9), LOCAL_P90_MIN)
     print(f"{name}: layer-local differences (bound: max {max_bound:.3e}, p90 {p90_bound:.3e})\n{diffs.table(floor)}")

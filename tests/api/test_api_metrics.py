@@ -21,7 +21,7 @@ from engine.model.model_footprint import footprint_of
 from engine.gguf.loader import load_model
 from engine.server.kv_usage import kv_usage
 from engine.telemetry import CardSample, RigSnapshot, cmp_100_210
-from api_fixtures import live_server, model_backend
+from api_fixtures import TEST_BACKEND, live_server, model_backend
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
 KEY = "sk-metrics"
@@ -103,7 +103,7 @@ def test_counters_add_up_to_what_the_responses_reported(server):
 
 def test_gauges_show_the_server_and_its_cards(server):
     after = scrape(server.base_url.removesuffix("/v1"))
-    assert after[("rigllm_model_loaded", (("backend", "reference"), ("model", server.model_id)))] == 1
+    assert after[("rigllm_model_loaded", (("backend", TEST_BACKEND), ("model", server.model_id)))] == 1
     assert after[("rigllm_slots", ())] == 4 and after[("rigllm_slots_busy", ())] == 0
     assert after[("rigllm_queue_depth", ())] == 0 and after[("rigllm_queue_limit", ())] == 16
     assert after[("rigllm_kv_capacity_tokens", ())] == 4 * 512

@@ -115,3 +115,30 @@ def test_a_flipped_decay_fails(setup):
     buggy.blocks[1].mixer = dataclasses.replace(mixer, a=-mixer.a)
     with np.errstate(all="ignore"), pytest.raises(AssertionError):
         run_checks(setup, ReferenceSlots(buggy))
+
+
+def _one_place(rows: np.ndarray) -> LocalDiffs:
+    return LocalDiffs({(0, "ffn"): [rows]})
+
+
+def test_isolated_rounding_flips_pass_and_anything_more_fails():
+    """The rule from the H200 run of 2026-12-02: correct code had single FFN rows up to 3.47e-3 over a floor
+    whose own flips were smaller. Up to LOCAL_FLIP_ROWS such rows under LOCAL_FLIP_CAP pass; one more row,
+    one row over the cap, a NaN, or a moved p90 fail, naming the place and the count."""
+    from tests.teeth import LOCAL_FLIP_CAP, LOCAL_FLIP_ROWS
+
+    base = np.full(160, 1e-7)
+    flips = base.copy()
+    flips[[24, 95, 129][:LOCAL_FLIP_ROWS]] = 3.5e-3
+    assert _one_place(flips).first_over(3.2e-4, 1e-4) == "none"
+    many = flips.copy()
+    many[LOCAL_FLIP_ROWS + 30] = 3.5e-3
+    assert f"{LOCAL_FLIP_ROWS + 1} of 160 rows over the max bound, the first: 24" in _one_place(many).first_over(3.2e-4, 1e-4)
+    big = base.copy()
+    big[7] = 2 * LOCAL_FLIP_CAP
+    assert "layer 0 ffn" in _one_place(big).first_over(3.2e-4, 1e-4)
+    nan = base.copy()
+    nan[3] = np.nan
+    assert "1 of 160 rows" in _one_place(nan).first_over(3.2e-4, 1e-4)
+    moved = np.full(160, 2e-4)
+    assert "p90 2.000e-04" in _one_place(moved).first_over(3.2e-4, 1e-4)

@@ -477,7 +477,7 @@ class CudaCard:
         (that loads the kernels and fixes their argument types); inside the block launch only on the
         capturing stream and make no synchronous copies or allocations. Values that change between
         replays belong in device buffers written before each replay. The card keeps every graph it
-        captured and destroys them in `close` (or call `graph.close()` earlier).
+        captured and destroys them in `close` (or `release_graph` one earlier).
         """
         self._check_thread()
         if self._graph_api is None:
@@ -492,6 +492,13 @@ class CudaCard:
             raise
         graph.finish_capture(s.handle)
         self._graphs.append(graph)
+
+    def release_graph(self, graph: CapturedGraph) -> None:
+        """Destroy one graph now and drop it from the card's list (an evicted decode graph): the list holds
+        only graphs still in use, instead of growing with every capture until `close`."""
+        self._check_thread()
+        graph.close()
+        self._graphs.remove(graph)
 
     def replay(self, graph: CapturedGraph, stream: Stream | None = None) -> None:
         self._check_thread()

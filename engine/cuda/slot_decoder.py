@@ -69,7 +69,7 @@ class DecodeGraph:
         self.graph = graph
 
     def close(self) -> None:
-        self.graph.close()
+        self.card.release_graph(self.graph)
 
 
 class SlotDecoder:

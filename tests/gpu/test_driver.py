@@ -129,6 +129,7 @@ def test_graph_replay_equals_eager_execution(card, rng):
             card.replay(graph)
             assert_equal(h.download(np.float32, rows), expected, "graph replay vs eager")
     finally:
-        graph.close()
+        card.release_graph(graph)
+    assert graph not in card._graphs  # destroyed now, not kept listed until the card closes
     with pytest.raises(RigllmError, match="not captured"):
         card.replay(graph)

@@ -93,8 +93,11 @@ class FakeEvent(_Sync):
 
 
 class FakeGraph:
+    def __init__(self, label: str = "graph"):
+        self.label, self.closed = label, False
+
     def close(self) -> None:
-        """Nothing to release."""
+        self.closed = True
 
 
 class FakeCard:
@@ -105,6 +108,7 @@ class FakeCard:
         self.sm_count, self.arch, self.total_bytes = 132, 90, 80 << 30
         self.stream = _Sync()
         self.launches: list[tuple[str, Any, Any, int]] = []
+        self.graphs: list[FakeGraph] = []
         self.launch_args: list[tuple[str, tuple[Any, ...]]] = []  # (kernel, its arguments) per launch
         self.allocated_bytes = 0
 
@@ -130,7 +134,13 @@ class FakeCard:
 
     @contextmanager
     def capture(self, label: str, stream: Any = None) -> Iterator[FakeGraph]:
-        yield FakeGraph()
+        graph = FakeGraph(label)
+        yield graph
+        self.graphs.append(graph)  # as CudaCard: kept until released or the card closes
+
+    def release_graph(self, graph: FakeGraph) -> None:
+        graph.close()
+        self.graphs.remove(graph)
 
     def replay(self, graph: FakeGraph, stream: Any = None) -> None:
         self.launches.append(("<replay>", None, None, 0))

@@ -128,3 +128,28 @@ def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
     dec.step({0: 1, 1: 2})
     assert {(grid, block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
         ((2, NORM_SLICES_DECODE), NORM_THREADS_DECODE)}
+
+
+def test_evicted_step_graphs_are_destroyed_and_leave_the_cards_list(demo):
+    """More distinct (slots, sampling modes) sets than MAX_GRAPHS: the decoder keeps MAX_GRAPHS graphs, and each
+    one it evicts is destroyed and gone from the card's list (which used to keep every graph ever captured)."""
+    from itertools import combinations
+
+    from engine.cuda.slot_decoder import MAX_GRAPHS
+
+    card = FakeCard()
+    weights = upload_weights(card, demo.file, demo.config)
+    dec = SlotDecoder(card, demo.config, weights, context=96, slots=8, chunk=16)
+    greedy = SlotRequest(SamplingParams(temperature=0.0), [])
+    for slot in range(8):
+        dec.prefill_slot(slot, [5, 6, 7])
+        dec.begin(slot, greedy)
+    before = list(card.graphs)
+    subsets = [s for n in (2, 3) for s in combinations(range(8), n)][: MAX_GRAPHS + 6]
+    captured = []
+    for subset in subsets:
+        dec.step({slot: 1 for slot in subset})
+        captured.append(card.graphs[-1])  # a new set of slots: captured on first use
+    assert len(set(map(id, captured))) == len(subsets)
+    assert [g.closed for g in captured] == [True] * 6 + [False] * MAX_GRAPHS  # least recently used went first
+    assert card.graphs == before + captured[6:]

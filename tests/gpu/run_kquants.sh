@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The K-quant GPU run ([K-quants], issue 29), to paste on the GPU machine from the repository root.
+# (For a whole session's H200 work in three calls, sized from a measured run, see tests/gpu/run_h200_session.sh.)
 #
 # Before: build the fatbins where NVRTC 12.x is (the H200 image has NVRTC 13 only) and carry .kbuild:
 #     rigllm build-kernels --out .kbuild --arch 90

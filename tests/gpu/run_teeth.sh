@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What to run on the H200 for issue 25 ([Correctness teeth]), in order. Each numbered step is one device call
 # (under the 10-minute limit); run them from the repository root. Logs go to tests/gpu/results/ (commit them).
+# (For a whole session's H200 work in three calls, sized from a measured run, see tests/gpu/run_h200_session.sh.)
 #
 # 0. On the dev machine first (the H200 image has NVRTC 13 only): prebuilt kernels for the card, carried along.
 #        python -m engine.cli build-kernels --out .kbuild --arch 90

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# One session's H200 work in three device calls (30 minutes of device time a session, 10 minutes a call),
+# sized from the run of 2026-12-02: the whole tests/gpu suite takes 456 s alone at -n 14 (OMP_NUM_THREADS=1),
+# but did not finish in 530-545 s beside the mutation run and a llama.cpp build, so each call runs one heavy job.
+#
+#   bash tests/gpu/run_h200_session.sh prepare   # here, on the dev machine (network, NVRTC 12.x wheels)
+#   call 1: bash tests/gpu/run_h200_session.sh tests     carry [".kbuild", ".whl"]
+#   call 2: bash tests/gpu/run_h200_session.sh bench     carry [".kbuild", ".whl"]
+#   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
+#
+# Results go to $OUT/results (copy them to tests/gpu/results/ and commit). Each call prints a short table last.
+set -u
+ROOT=$(pwd)
+what=${1:-}
+OUT=${OUT:-$ROOT/h200-out}
+RES=$OUT/results
+DAY=$(date -u +%F)
+COMMIT=${RIGLLM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+BUDGET_S=${BUDGET_S:-540}
+
+prepare() {  # .kbuild (sm_90 fatbins), .whl (the image's missing wheels, cp312), .whl-gpu (gpu_check.sh's folder)
+    set -e
+    python3 -m engine.cli build-kernels --out .kbuild --arch 90
+    mkdir -p .whl
+    cp ../shared/wheels-h200/*.whl ../shared/wheels-h200/server/*.whl .whl/
+    # not on the image: the schema validator, the grammar library, keyring and what they need (the image's
+    # huggingface_hub 1.x stays: transformers there refuses 2.x, so engine/hub's tests skip on the H200)
+    python3 -m pip download -q -d .whl --python-version 3.12 --only-binary=:all: \
+        --platform manylinux_2_31_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+        "jsonschema>=4.18" "llguidance==1.9.1" "keyring>=25" diskcache
+    rm -f .whl/attrs-*.whl .whl/typing_extensions-4.15*.whl
+    if [ -d .whl-gpu ] && [ -f .whl-gpu/bundle.tar.xz ]; then  # packaging/README.md builds the bundle and wheel
+        find .whl -name '*.whl' ! -name 'pycuda-*' -exec cp {} .whl-gpu/ \;
+        tar -cf - .kbuild | xz -6 -T0 > .whl-gpu/kbuild.tar.xz
+    else
+        echo "no .whl-gpu/bundle.tar.xz: build the recipe's cp312 pycuda wheel and the headless bundle first (packaging/README.md)"
+    fi
+    du -sh .kbuild .whl .whl-gpu 2>/dev/null
+}
+
+setup() {  # on the H200: the carried wheels on PYTHONPATH, the prebuilt kernels
+    mkdir -p "$RES"
+    local site=/tmp/rigllm-site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl > "$RES/pip.log" 2>&1 \
+        || tail -5 "$RES/pip.log"
+    export PYTHONPATH="$site:$ROOT" RIGLLM_KERNEL_DIR="$ROOT/.kbuild" RIGLLM_COMMIT="$COMMIT" PYTHONDONTWRITEBYTECODE=1
+    export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1  # per xdist worker: 14 workers on 16 cores
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+}
+
+# job NAME LIMIT_S COMMAND...: in the background, output in $RES/NAME.log (a header line first), exit code in NAME.rc
+job() {
+    local name=$1 limit=$2
+    shift 2
+    ( { echo "# $DAY, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $COMMIT; command: $*"
+        timeout --kill-after=5 "$limit" "$@"; echo "rc=$?" > "$RES/$name.rc"; } > "$RES/$name.log" 2>&1 ) &
+}
+
+left() { echo $((BUDGET_S - SECONDS)); }
+
+case "$what" in
+prepare) prepare ;;
+tests)  # every GPU test (teeth prints with -rP), each outcome live; the API suite on cuda beside it
+    setup
+    export LIVE_REPORT="$RES/gpu-tests-live.txt"
+    job gpu-tests $(($(left) - 10)) python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 14 --timeout 200 \
+        -p tests.gpu.live_report -p no:benchmark --durations=20 tests/gpu
+    RIGLLM_TEST_BACKEND=cuda LIVE_REPORT="$RES/api-cuda-live.txt" job api-cuda 400 python3 -m pytest -o addopts='' -q \
+        -rfE -n 2 --timeout 200 -p tests.gpu.live_report tests/api --ignore=tests/api/test_api_schema_fuzz.py
+    wait
+    if [ "$(left)" -gt 90 ]; then  # the printed floors and errors of the one-card fixture test, while time is left
+        job teeth-numbers $(($(left) - 10)) python3 -m pytest -o addopts='' -q -s -rA tests/gpu/test_teeth_fixture.py \
+            -k one_card
+        wait
+    fi
+    for f in "$RES"/*.rc; do echo "$(basename "$f" .rc): $(cat "$f")"; done
+    awk '{print $2}' "$RES/gpu-tests-live.txt" | grep -E '^(passed|failed|skipped)$' | sort | uniq -c
+    grep -E '^[0-9:]+ failed' "$RES"/*-live.txt | head -30 ;;
+bench)  # K-quant GEMV sweeps, then decode/prefill benches in priority order while the budget lasts
+    setup
+    runs=(
+        "sweep-9b-q4_k_m|bench --synthetic 9b --weights q4_k_m --gemv-sweep 1"
+        "sweep-9b-q6_k|bench --synthetic 9b --weights q6_k --gemv-sweep 1"
+        "sweep-9b-q5_k_m|bench --synthetic 9b --weights q5_k_m --gemv-sweep 1"
+        "bench-9b-q8_0|bench --synthetic 9b --weights q8_0 --prompts 512,4096 --depths 512,4096"
+        "bench-9b-q4_k_m|bench --synthetic 9b --weights q4_k_m --prompts 512,4096 --depths 512,4096"
+        "bench-27b-q4_k_m|bench --synthetic 27b --weights q4_k_m --prompts 512,4096 --depths 512,4096"
+        "bench-27b-q8_0|bench --synthetic 27b --weights q8_0 --prompts 512,4096 --depths 512,4096"
+        "bench-9b-q6_k|bench --synthetic 9b --weights q6_k --prompts 512,4096 --depths 512,4096"
+    )
+    for r in "${runs[@]}"; do
+        name=${r%%|*}
+        [ "$(left)" -gt 60 ] || { echo "$name: not run (budget)"; continue; }
+        job "$name" $(($(left) - 20)) python3 -m engine.cli ${r#*|} --json "$RES/$DAY-h200-$name.json"
+        wait
+        echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"
+    done ;;
+check)  # the toolkit-free pycuda wheel and the headless bundle (packaging/gpu_check.sh), mutations 2-4 beside it
+    mkdir -p "$RES" /tmp/rigllm-kbuild
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rigllm-mut-site .whl-gpu/*.whl
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+        .whl-gpu/kbuild.tar.xz /tmp/rigllm-kbuild
+    ( OUT="$RES/gpu-check" BUDGET_S=$(($(left) - 20)) bash packaging/gpu_check.sh .whl-gpu /tmp/rigllm-kbuild/.kbuild \
+        > "$RES/gpu-check.log" 2>&1 ) &
+    rm -rf /tmp/mut && mkdir /tmp/mut && tar --exclude=./.whl-gpu -cf - . | tar -C /tmp/mut -xf -
+    ( cd /tmp/mut && git init -q && git add -A && git -c user.email=h200@rigllm -c user.name=h200 commit -qm base \
+      && PYTHONPATH="/tmp/rigllm-mut-site:/tmp/mut" RIGLLM_KERNEL_DIR=/tmp/rigllm-kbuild/.kbuild \
+         MUTATION_LOGS="$RES/mutation-logs" timeout $(($(left) - 15)) bash tests/gpu/mutations/run_mutations.sh 2 3 4 \
+         > "$RES/mutations.log" 2>&1 )
+    wait
+    tail -15 "$RES/gpu-check.log"; tail -12 "$RES/mutations.log" ;;
+*) sed -n '2,11p' "$0"; exit 2 ;;
+esac

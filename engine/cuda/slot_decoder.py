@@ -34,12 +34,14 @@ import numpy as np
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
+from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
+from engine.generation.logprobs import TokenLogprob
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.model.kv_formats import KVFormat
 from engine.generation.speculative import SpeculationStats
@@ -57,15 +59,17 @@ GraphKey = tuple[tuple[int, bool], ...]  # (slot, greedy) in slot order
 
 class DecodeGraph:
     """One decode step over a fixed list of slots, captured as a CUDA graph ending in each slot's sampler
-    (arg-max for plain-greedy slots, the full sampler otherwise); rows follow the list's order."""
+    (arg-max for plain-greedy slots, the full sampler otherwise) and its logprobs (which return at once
+    unless the slot's request asked for them); rows follow the list's order."""
 
     def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler], greedy: list[bool],
-                 positions: list[DeviceBuffer]):
+                 positions: list[DeviceBuffer], logprobs: list[GpuLogprobs]):
         self.fwd, self.card, self.seqs = fwd, fwd.card, seqs
         with self.card.capture(f"decode x{len(seqs)}") as graph:
             fwd.run_batch(seqs, positions)
-            for row, (sampler, plain) in enumerate(zip(samplers, greedy)):  # none on a card without the head
+            for row, (sampler, plain, lp) in enumerate(zip(samplers, greedy, logprobs)):  # none without the head
                 (sampler.argmax if plain else sampler.sample)(fwd.logits_row(row))
+                lp.compute(fwd.logits_row(row), sampler.token)
         self.graph = graph
 
     def close(self) -> None:
@@ -101,15 +105,22 @@ class SlotDecoder:
         self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8), weights.span, kv)
                      for i in range(slots)]
         self.samplers: list[GpuSampler] = []
+        self.logprobs: list[GpuLogprobs] = []
         if self.fwd.heads:
             self.tokens = card.alloc(4 * slots, "slot tokens")  # each slot's picked token
             self._host_tokens = card.pinned(slots, np.int32)
             self.samplers = [GpuSampler(card, cfg.vocab_size, f"sampler{i}", token=self.tokens.view(4 * i, 4))
                              for i in range(slots)]
+            size = LOGPROB_DTYPE.itemsize  # each slot's logprob record, read back in one copy
+            self.logprob_records = card.alloc(size * slots, "slot logprobs")
+            self._host_logprobs = card.pinned(size * slots, np.uint8)
+            self.logprobs = [GpuLogprobs(card, cfg.vocab_size, self.logprob_records.view(size * i, size),
+                                         f"logprobs{i}") for i in range(slots)]
         else:  # this card's hidden rows, for the next card: portable, so the next context copies at full speed
             self.hidden_out = card.pinned((MAX_SLOTS, cfg.d_model), np.float32, portable=True)
         self._greedy = [True] * slots
         self._host_logits = [False] * slots
+        self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
         self._warm_up()
         self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
@@ -129,9 +140,10 @@ class SlotDecoder:
             for seq in self.seqs[:n]:
                 seq.set_step(1)
             self.fwd.run_batch(self.seqs[:n], self.rope[:n])
-        for row, sampler in enumerate(self.samplers):
+        for row, (sampler, lp) in enumerate(zip(self.samplers, self.logprobs)):
             sampler.argmax(self.fwd.logits_row(row))
             sampler.sample(self.fwd.logits_row(row))
+            lp.compute(self.fwd.logits_row(row), sampler.token)  # loads the kernels (no slot wants them yet)
         self.card.synchronize()
         for seq in self.seqs:
             seq.reset()
@@ -208,6 +220,8 @@ class SlotDecoder:
         sampler, params = self.samplers[slot], request.params
         self._greedy[slot] = params.plain_greedy
         self._host_logits[slot] = request.host_logits
+        self._top_logprobs[slot] = request.logprobs
+        self.logprobs[slot].want(request.logprobs is not None)
         if params.plain_greedy:
             sampler.argmax(self.fwd.logits_row(0))
         else:
@@ -220,9 +234,17 @@ class SlotDecoder:
                 sampler.count_tokens(self.fwd.ids, len(part))
             sampler.sample(self.fwd.logits_row(0))
         logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
+        logprobs = None
+        if request.logprobs is not None:
+            self.logprobs[slot].compute(self.fwd.logits_row(0), sampler.token)
+            logprobs = self._logprob_record(slot, self.logprobs[slot].out.download(np.uint8, LOGPROB_DTYPE.itemsize))
         if self.speculator:
             self.speculator.begin(slot, request)
-        return Pick(sampler.read_token(), logits)
+        return Pick(sampler.read_token(), logits, logprobs=logprobs)
+
+    def _logprob_record(self, slot: int, raw: np.ndarray) -> TokenLogprob:
+        """The slot's downloaded LOGPROB_DTYPE bytes as its pick's logprobs."""
+        return token_logprob_of(raw.view(LOGPROB_DTYPE)[0], self._top_logprobs[slot])
 
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
         """Feed each slot its token and pick its next one, all in one graph replay (single card); a slot fed
@@ -266,12 +288,18 @@ class SlotDecoder:
             self.card.stream.synchronize()
             return out
         self.tokens.download_async(self._host_tokens)
+        asked = [slot for slot in slots if self._top_logprobs[slot] is not None]
+        if asked:
+            self.logprob_records.download_async(self._host_logprobs)
         self.card.stream.synchronize()
+        size = LOGPROB_DTYPE.itemsize
         picks = {}
         for row, slot in enumerate(slots):
             logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)
                       if self._host_logits[slot] else None)
-            picks[slot] = Pick(int(self._host_tokens[slot]), logits)
+            logprobs = (self._logprob_record(slot, self._host_logprobs[size * slot : size * (slot + 1)])
+                        if slot in asked else None)
+            picks[slot] = Pick(int(self._host_tokens[slot]), logits, logprobs=logprobs)
         return picks
 
     def _graph(self, key_items: list[tuple[int, bool]]) -> DecodeGraph:
@@ -281,8 +309,9 @@ class SlotDecoder:
         if graph is None:
             slots = [slot for slot, _ in key]
             samplers = [self.samplers[s] for s in slots] if self.samplers else []  # none without the head
+            logprobs = [self.logprobs[s] for s in slots] if self.logprobs else []
             graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [greedy for _, greedy in key],
-                                [self.rope[s] for s in slots])
+                                [self.rope[s] for s in slots], logprobs)
             self._graphs[key] = graph
             if len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)[1].close()

@@ -29,6 +29,7 @@ import numpy as np
 
 from engine.errors import RigllmError
 from engine.generation.backend import Backend, takes_embeddings
+from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.speculative import MtpSpeculator, SpeculationStats, speculation_rng
 from engine.reference.speculative_state import MtpTrail
@@ -44,8 +45,11 @@ class SlotRequest:
 
     params: SamplingParams
     history: Sequence[int]  # the tokens the penalties see before the first pick (the prompt)
-    host_logits: bool = False  # return each step's logits row (for logprobs or constrained decoding)
-    speculative: bool = True  # draft with the MTP head when the backend speculates (never with host_logits)
+    host_logits: bool = False  # return each step's logits row (constrained decoding, logit_bias, forced tokens)
+    speculative: bool = True  # draft with the MTP head when the backend speculates (never with host_logits or logprobs)
+    # the picked token's logprob and this many alternatives (0..MAX_TOP_LOGPROBS) in every Pick, computed where
+    # the logits are (on the card for the CUDA backend: 176 bytes read back instead of the row)
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Pick:
     logits: np.ndarray | None = None  # the row the token was picked from, when the request asked for it
     extra: tuple[int, ...] = ()  # tokens after `token` from the same step (speculative decoding)
     drafted: int = 0  # drafts the step verified (speculative decoding); len(extra) of them were accepted
+    logprobs: TokenLogprob | None = None  # of `token` under the row's raw logits, when the request asked (logprobs)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -128,6 +133,7 @@ class _HostSlot:
         self.sampler: Sampler | None = None
         self.history: list[int] = []
         self.host_logits = False
+        self.top_logprobs: int | None = None
         self.trail = trail  # the MTP head's owed rows; None: no head upkeep (no speculator, or images seen)
         self.speculate = False
         self.rng: np.random.Generator | None = None
@@ -202,7 +208,9 @@ class HostSlots:
         s.sampler = Sampler(request.params)
         s.history = list(request.history)
         s.host_logits = request.host_logits
-        s.speculate = s.trail is not None and request.speculative and not request.host_logits
+        s.top_logprobs = request.logprobs
+        s.speculate = (s.trail is not None and request.speculative and not request.host_logits
+                       and request.logprobs is None)
         s.rng = speculation_rng(request.params.seed) if s.speculate else None
         return self._pick(s)
 
@@ -232,7 +240,9 @@ class HostSlots:
         kept = logits if s.host_logits else None
         if np.isnan(logits).any() or np.isposinf(logits).any():
             return Pick(-1, kept)
-        return Pick(s.sampler.sample(logits, s.history), kept)
+        token = s.sampler.sample(logits, s.history)
+        logprobs = token_logprobs(logits, token, s.top_logprobs) if s.top_logprobs is not None else None
+        return Pick(token, kept, logprobs=logprobs)
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot | None:
         if not self.can_snapshot:

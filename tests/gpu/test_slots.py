@@ -151,3 +151,26 @@ def test_scheduler_serves_more_requests_than_slots_with_prefix_reuse(demo):
         assert isinstance(done, Finished), evs[-1]
         assert all(isinstance(e, Piece) for e in evs[:-1])
     assert events[10][-1].cached_tokens == len(asks[0]) // 2
+
+
+def test_logprobs_from_the_card_equal_the_host_on_the_same_rows(demo):
+    """Slot 0 asks for logprobs (computed on the card), slot 1 for its logits rows (host); the same prompt,
+    greedy, batched together: the same tokens, and slot 0's logprobs equal `token_logprobs` on slot 1's rows
+    within the kernel test's tolerance (tests/gpu/test_logprobs_gpu.py)."""
+    from engine.generation.logprobs import token_logprobs
+    from tests.gpu.test_logprobs_gpu import assert_same_logprobs
+
+    gpu = CudaBackend(demo, context=128, chunk=64, slots=2)
+    prompt = prompts(demo.config.vocab_size, 1)[0]
+    try:
+        for slot in (0, 1):
+            gpu.prefill_slot(slot, prompt)
+        card = gpu.begin(0, SlotRequest(GREEDY, (), logprobs=5))
+        host = gpu.begin(1, SlotRequest(GREEDY, (), host_logits=True))
+        for _ in range(12):
+            assert card.token == host.token and card.logits is None and host.logprobs is None
+            assert_same_logprobs(card.logprobs, token_logprobs(host.logits, host.token, 5))
+            picks = gpu.step({0: card.token, 1: host.token})
+            card, host = picks[0], picks[1]
+    finally:
+        gpu.close()

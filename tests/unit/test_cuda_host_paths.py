@@ -153,3 +153,44 @@ def test_evicted_step_graphs_are_destroyed_and_leave_the_cards_list(demo):
     assert len(set(map(id, captured))) == len(subsets)
     assert [g.closed for g in captured] == [True] * 6 + [False] * MAX_GRAPHS  # least recently used went first
     assert card.graphs == before + captured[6:]
+
+
+def test_logprobs_come_from_the_card_record_and_do_not_change_the_step_graph(demo):
+    """A request with top_logprobs gets them with each pick from the slot's 176-byte record (the kernels are
+    in every step graph and return at once for slots that asked for nothing), so asking or not replays the
+    same graph; a slot that asked for nothing gets no logprobs."""
+    card = FakeCard()
+    weights = upload_weights(card, demo.file, demo.config)
+    dec = SlotDecoder(card, demo.config, weights, context=96, slots=2, chunk=16)
+    asking = SlotRequest(SamplingParams(temperature=0.0), [], logprobs=3)
+    plain = SlotRequest(SamplingParams(temperature=0.0), [])
+    dec.prefill_slot(0, [5, 6, 7])
+    first = dec.begin(0, asking)
+    dec.prefill_slot(1, [5, 6])
+    assert first.logprobs is not None and len(first.logprobs.top) == 3 and dec.begin(1, plain).logprobs is None
+    card.launches.clear()
+    picks = dec.step({0: 1, 1: 2})
+    assert len(picks[0].logprobs.top) == 3 and picks[1].logprobs is None
+    assert [name for name, *_ in card.launches].count("logprob_final") == 2  # captured for both rows
+    graphs = list(card.graphs)
+    dec.begin(0, plain)
+    dec.begin(1, asking)
+    picks = dec.step({0: 3, 1: 4})
+    assert picks[0].logprobs is None and len(picks[1].logprobs.top) == 3
+    assert card.graphs == graphs  # the same (slots, modes): the same graph, whoever asks for logprobs
+    assert [int(dec.logprobs[s].wanted.data.view(np.int32)[0]) for s in (0, 1)] == [0, 1]
+
+
+def test_a_logprob_record_reads_as_the_schedulers_token_logprob():
+    from engine.cuda.logprobs import LOGPROB_DTYPE, token_logprob_of
+
+    rec = np.zeros(1, LOGPROB_DTYPE)[0]
+    rec["lse"], rec["token_logit"], rec["token"] = 2.5, 1.5, 7
+    rec["top_id"][:] = -1
+    rec["top_id"][:2] = (7, 3)
+    rec["top_logit"][:2] = (1.5, 0.5)
+    got = token_logprob_of(rec, 5)  # a vocabulary of two: the padding (-1) is dropped
+    assert got.token == 7 and got.logprob == pytest.approx(-1.0) and got.top == ((7, -1.0), (3, -2.0))
+    assert token_logprob_of(rec, 1).top == ((7, -1.0),) and token_logprob_of(rec, 0).top == ()
+    with pytest.raises(ValueError):
+        token_logprob_of(rec, 21)

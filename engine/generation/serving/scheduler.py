@@ -190,8 +190,10 @@ class Scheduler:
             if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
                 self._keep_snapshot(slot)
             if not slot.pending:
-                request = SlotRequest(slot.job.params, slot.job.prompt_ids, host_logits=_needs_logits(slot.job),
-                                      speculative=slot.job.speculative)
+                host_logits = _needs_logits(slot.job)
+                request = SlotRequest(slot.job.params, slot.job.prompt_ids, host_logits=host_logits,
+                                      speculative=slot.job.speculative,
+                                      logprobs=None if host_logits else slot.job.top_logprobs)
                 pick = self.backend.begin(slot.index, request)
                 slot.first_token = time.perf_counter()
                 self._take(slot, pick)
@@ -349,10 +351,11 @@ def _report(slot: _Slot) -> None:
 
 
 def _needs_logits(job: Job) -> bool:
-    """Logprobs, grammars and logit_bias work on the host, from each step's logits row; a thinking budget may force
-    a token, so its job takes one token per step (no speculative runs)."""
-    return (job.top_logprobs is not None or job.constraint is not None or job.thinking_budget is not None
-            or bool(job.logit_bias))
+    """Grammars and logit_bias work on the host, from each step's logits row; a thinking budget may force a token,
+    so its job takes one token per step (no speculative runs). Such a job's logprobs are taken from the same rows
+    (of the token the host chose); any other job's come with its picks (`SlotRequest.logprobs`), computed where
+    the logits are."""
+    return job.constraint is not None or job.thinking_budget is not None or bool(job.logit_bias)
 
 
 def _choose(out: JobOutput, pick: Pick) -> int:
@@ -370,10 +373,13 @@ def _choose(out: JobOutput, pick: Pick) -> int:
 
 
 def _logprob(job: Job, pick: Pick, token: int) -> TokenLogprob | None:
-    """The token's logprobs under the raw logits row, when the job asked for them."""
-    if job.top_logprobs is None or pick.logits is None:
+    """The token's logprobs under the raw logits row, when the job asked for them: from the row when the host
+    has it (and may have chosen another token than the backend), else the backend's own for its pick."""
+    if job.top_logprobs is None:
         return None
-    return token_logprobs(pick.logits, token, job.top_logprobs)
+    if pick.logits is not None:
+        return token_logprobs(pick.logits, token, job.top_logprobs)
+    return pick.logprobs if pick.logprobs is not None and pick.logprobs.token == token else None
 
 
 def _extends(prompt: list[int], tokens: list[int]) -> bool:

@@ -14,7 +14,9 @@ CMP 100-210 projections (anchor-qengine.md §6): decode = the fraction of the H2
 reached, applied to the CMP's 818 GB/s measured read bandwidth, over the same bytes per token;
 prefill = the H200 time scaled by the ratio of DP4A peaks (measured here / 17.2 TOPS), i.e. assuming
 the prefill is compute-bound on DP4A and fp32 FMA alike (their H200/CMP ratios are 7.7 and ~6.8).
-These are projections, not measurements, and are labelled so in the output.
+These are projections, not measurements, and are labelled so in the output. A second decode projection
+takes each kernel of the step by what bounds it (engine/cuda/bench/cmp_model.py: bandwidth-bound kernels
+at their fraction of 818 GB/s, latency-bound ones at clock-scaled time).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from gguf import GGMLQuantizationType
 
+from engine.cuda.bench.cmp_model import CMP_READ_GBPS, project_step, render_projection, state_bytes
 from engine.cuda.bench.microbench import run_microbench, time_graph_ms
 from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weight
@@ -39,7 +42,6 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotBackend, SlotRequest
 from engine.gguf.config import ModelConfig
 
-CMP_READ_GBPS = 818.0
 CMP_DP4A_TOPS = 17.2
 QENGINE = {  # anchor-qengine.md §0, measured by qengine on CMP 100-210 cards
     "9b": {"decode_tps_plain": 60.0, "decode_tps_mtp": 70.4, "prefill_tps": {297: 594, 1160: 683, 4620: 584, 18400: 393}},
@@ -86,9 +88,7 @@ def decode_bytes(cfg: ModelConfig, depth: int, weights: ModelWeights | None = No
     the GDN state (read and written), and the fp16 KV cache up to `depth`. Weights are counted as Q8_0 of
     the shape, or as the matrices of `weights` hold them when given (K-quant models)."""
     c = cfg
-    state = len(c.gdn_layers) * 2 * 4 * (c.ssm_n_v_heads * c.ssm_d_state * c.ssm_d_head_v
-                                         + (c.ssm_conv_kernel - 1) * c.ssm_conv_dim)
-    state += len(c.attention_layers) * 2 * c.n_head_kv * depth * c.head_dim * 2
+    state = sum(state_bytes(c, depth).values())
     if weights is not None:
         return state + matrix_read_bytes(weights, cfg)
     per_gdn = q8_bytes(c.ssm_conv_dim + c.ssm_d_inner + 2 * c.ssm_n_v_heads, c.d_model) + q8_bytes(c.d_model, c.ssm_d_inner)
@@ -219,7 +219,8 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
     seq, fwd = dec.seqs[0], dec.fwd
     seq.next_position = depths[0]
     fwd.set_batch(np.ones(1, np.int32), seq)
-    breakdown = kernel_breakdown(card, lambda: (fwd.run(1, seq), dec.samplers[0].argmax(fwd.logits)))
+    breakdown = {"depth": depths[0],
+                 **kernel_breakdown(card, lambda: (fwd.run(1, seq), dec.samplers[0].argmax(fwd.logits)))}
     batched = SlotDecoder(card, cfg, weights, depths[0] + decode_steps + 8, min(MAX_SLOTS, max(streams)), chunk)
     multi = {}
     for n in streams:
@@ -241,7 +242,8 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "decode": decode,
         "concurrent_streams": {"depth": depths[0], "streams": multi},
         "prefill_4k_vs_fastest_decode": speedup,
-        "decode_kernel_breakdown": {"depth": depths[0], **breakdown},
+        "decode_kernel_breakdown": breakdown,
+        "cmp_kernel_model": project_step(cfg, breakdown, read_ceiling, matrix_read_bytes(weights, cfg)),
         "qengine_cmp": QENGINE.get(shape),
         "microbench": micro,
     }
@@ -273,6 +275,8 @@ def render_table(r: dict[str, Any]) -> str:
     lines.append(f"decode step at depth {b['depth']}: {b['whole_us']:.0f} us whole, {b['sum_of_parts_us']:.0f} us as parts:")
     for name, k in list(b["kernels"].items())[:8]:
         lines.append(f"  {name:<28} x{k['launches']:<4} {k['us']:>7.0f} us")
+    if "cmp_kernel_model" in r:
+        lines.append(render_projection(r["cmp_kernel_model"]))
     if r["prefill_4k_vs_fastest_decode"] is not None:
         lines.append(f"4K prefill is {r['prefill_4k_vs_fastest_decode']:.1f}x faster than decoding the same tokens")
     return "\n".join(lines)

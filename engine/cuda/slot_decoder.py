@@ -54,21 +54,24 @@ MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
 DEFAULT_CHUNK = 256  # prefill tokens per forward (the CUDA backends' default `chunk`)
 MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots and sampling modes seen)
 
-GraphKey = tuple[tuple[int, bool], ...]  # (slot, greedy) in slot order
+GraphKey = tuple[int, ...]  # the stepped slots in slot order (sampling modes are data: one graph serves them all)
 
 
 class DecodeGraph:
     """One decode step over a fixed list of slots, captured as a CUDA graph ending in each slot's sampler
-    (arg-max for plain-greedy slots, the full sampler otherwise) and its logprobs (which return at once
-    unless the slot's request asked for them); rows follow the list's order."""
+    and its logprobs; rows follow the list's order. The sampler is the full one for every slot: a greedy
+    request's parameters make it take the arg-max and skip the rest (sampling.cu's greedy exit), so the
+    sampling mode is data in the slot's parameter buffer and one graph serves any mix of modes (issue 28:
+    keyed by modes, 4 slots had 80 possible graphs, 8 slots 6,560). Logprobs return at once unless the
+    slot's request asked for them."""
 
-    def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler], greedy: list[bool],
+    def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler],
                  positions: list[DeviceBuffer], logprobs: list[GpuLogprobs]):
         self.fwd, self.card, self.seqs = fwd, fwd.card, seqs
         with self.card.capture(f"decode x{len(seqs)}") as graph:
             fwd.run_batch(seqs, positions)
-            for row, (sampler, plain, lp) in enumerate(zip(samplers, greedy, logprobs)):  # none without the head
-                (sampler.argmax if plain else sampler.sample)(fwd.logits_row(row))
+            for row, (sampler, lp) in enumerate(zip(samplers, logprobs)):  # none on a card without the head
+                sampler.sample(fwd.logits_row(row))
                 lp.compute(fwd.logits_row(row), sampler.token)
         self.graph = graph
 
@@ -118,7 +121,6 @@ class SlotDecoder:
                                          f"logprobs{i}") for i in range(slots)]
         else:  # this card's hidden rows, for the next card: portable, so the next context copies at full speed
             self.hidden_out = card.pinned((MAX_SLOTS, cfg.d_model), np.float32, portable=True)
-        self._greedy = [True] * slots
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
@@ -218,20 +220,20 @@ class SlotDecoder:
         """Set up the slot's sampler (parameters and the penalty history on the device) and pick from the
         prefill's logits (row 0)."""
         sampler, params = self.samplers[slot], request.params
-        self._greedy[slot] = params.plain_greedy
         self._host_logits[slot] = request.host_logits
         self._top_logprobs[slot] = request.logprobs
         self.logprobs[slot].want(request.logprobs is not None)
-        if params.plain_greedy:
-            sampler.argmax(self.fwd.logits_row(0))
-        else:
-            sampler.configure(params)
-            sampler.reset_counts()
+        sampler.configure(params)  # the step graph's sampler reads the mode from here
+        sampler.reset_counts()
+        if not params.plain_greedy:  # the penalties see the prompt
             ids = np.asarray(request.history, dtype=np.int32)
             for start in range(0, len(ids), self.prefill_chunk):
                 part = ids[start : start + self.prefill_chunk]
                 self.fwd.ids.view(0, 4 * len(part)).upload(part)
                 sampler.count_tokens(self.fwd.ids, len(part))
+        if params.plain_greedy:
+            sampler.argmax(self.fwd.logits_row(0))
+        else:
             sampler.sample(self.fwd.logits_row(0))
         logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
         logprobs = None
@@ -267,7 +269,7 @@ class SlotDecoder:
         for slot in slots:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
-        graph = self._graph([(slot, self._greedy[slot]) for slot in slots])
+        graph = self._graph(slots)
         rope_at = 2 * len(self.seqs)
         for slot, seq in enumerate(self.seqs):
             self._host_steps[2 * slot : 2 * slot + 2] = (seq.next_position, 1)
@@ -302,16 +304,15 @@ class SlotDecoder:
             picks[slot] = Pick(int(self._host_tokens[slot]), logits, logprobs=logprobs)
         return picks
 
-    def _graph(self, key_items: list[tuple[int, bool]]) -> DecodeGraph:
-        """The step graph for these (slot, greedy) pairs, captured on first use; least recently used evicted."""
-        key: GraphKey = tuple(key_items)
+    def _graph(self, slots: list[int]) -> DecodeGraph:
+        """The step graph for these slots (in slot order), captured on first use; least recently used evicted."""
+        key: GraphKey = tuple(slots)
         graph = self._graphs.get(key)
         if graph is None:
-            slots = [slot for slot, _ in key]
             samplers = [self.samplers[s] for s in slots] if self.samplers else []  # none without the head
             logprobs = [self.logprobs[s] for s in slots] if self.logprobs else []
-            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [greedy for _, greedy in key],
-                                [self.rope[s] for s in slots], logprobs)
+            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [self.rope[s] for s in slots],
+                                logprobs)
             self._graphs[key] = graph
             if len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)[1].close()

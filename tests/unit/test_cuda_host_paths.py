@@ -177,7 +177,7 @@ def test_logprobs_come_from_the_card_record_and_do_not_change_the_step_graph(dem
     dec.begin(1, asking)
     picks = dec.step({0: 3, 1: 4})
     assert picks[0].logprobs is None and len(picks[1].logprobs.top) == 3
-    assert card.graphs == graphs  # the same (slots, modes): the same graph, whoever asks for logprobs
+    assert card.graphs == graphs  # the same slots: the same graph, whoever asks for logprobs
     assert [int(dec.logprobs[s].wanted.data.view(np.int32)[0]) for s in (0, 1)] == [0, 1]
 
 
@@ -194,3 +194,28 @@ def test_a_logprob_record_reads_as_the_schedulers_token_logprob():
     assert token_logprob_of(rec, 1).top == ((7, -1.0),) and token_logprob_of(rec, 0).top == ()
     with pytest.raises(ValueError):
         token_logprob_of(rec, 21)
+
+
+def test_sampling_modes_are_data_one_graph_serves_greedy_and_sampled_slots(demo):
+    """Switching a slot between greedy and sampled requests reuses the step graph of its set of slots (the mode
+    is in the slot's parameter buffer, written at begin for greedy requests too), so 4 slots need at most 15
+    graphs, not 80."""
+    from engine.cuda.sampling import PARAMS_DTYPE
+
+    card = FakeCard()
+    weights = upload_weights(card, demo.file, demo.config)
+    dec = SlotDecoder(card, demo.config, weights, context=96, slots=2, chunk=16)
+    sampled = SlotRequest(SamplingParams(temperature=0.8, top_k=40, seed=3), [1, 2])
+    greedy = SlotRequest(SamplingParams(temperature=0.0), [])
+    for slot in (0, 1):
+        dec.prefill_slot(slot, [5, 6, 7])
+    dec.begin(0, sampled)
+    dec.begin(1, greedy)
+    dec.step({0: 1, 1: 2})
+    graphs = list(card.graphs)
+    dec.begin(0, greedy)
+    dec.begin(1, sampled)
+    dec.step({0: 3, 1: 4})
+    assert card.graphs == graphs
+    temperatures = [float(s.params.data.view(PARAMS_DTYPE)[0]["temperature"]) for s in dec.samplers]
+    assert temperatures == [0.0, 0.8]  # the greedy slot's buffer no longer holds the sampled request's mode

@@ -220,7 +220,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
     seq.next_position = depths[0]
     fwd.set_batch(np.ones(1, np.int32), seq)
     breakdown = {"depth": depths[0],
-                 **kernel_breakdown(card, lambda: (fwd.run(1, seq), dec.samplers[0].argmax(fwd.logits)))}
+                 **kernel_breakdown(card, lambda: (fwd.run(1, seq), dec.samplers[0].sample(fwd.logits)))}
     batched = SlotDecoder(card, cfg, weights, depths[0] + decode_steps + 8, min(MAX_SLOTS, max(streams)), chunk)
     multi = {}
     for n in streams:

@@ -101,15 +101,28 @@ def pycuda_datas() -> list[tuple[str, str]]:
     return [*copy_metadata("pycuda"), *collect_data_files("pycuda", includes=[PYCUDA_BUILD_NOTE])]
 
 
+# Dependencies that read their own distribution metadata at run time, which PyInstaller does not bundle by
+# itself: llguidance asks importlib.metadata for its version on import (without it every command of the
+# bundle died at start: PackageNotFoundError, seen 2026-12-02), keyring finds its backends through entry
+# points, jsonschema and huggingface_hub report their versions from it.
+RUNTIME_METADATA = ("llguidance", "keyring", "jsonschema", "huggingface_hub")
+
+
+def runtime_metadata() -> list[tuple[str, str]]:
+    """RUNTIME_METADATA's dist-info folders (each a base dependency, so installed wherever the bundle is built)."""
+    return [entry for name in RUNTIME_METADATA for entry in copy_metadata(name)]
+
+
 def datas() -> list[tuple[str, str]]:
-    """resources/ (chat template, icons; kernels filtered), the kernel sources, rigllm's and pycuda's metadata."""
+    """resources/ (chat template, icons; kernels filtered), the kernel sources, rigllm's, pycuda's and the
+    run-time-metadata dependencies' metadata."""
     files = [p for p in RESOURCES.rglob("*") if p.is_file() and KERNELS not in p.parents]
     resources = [(str(p), str(p.parent.relative_to(ROOT))) for p in files]
     sources = [(str(p), "cuda_src") for p in sorted(CUDA_SRC.iterdir()) if p.suffix in (".cu", ".cuh")]
     # engine.cli finds the `gui` command through the rigllm.commands entry point in this metadata; a headless
     # bundle leaves it out, since registering `gui` imports Qt.
     metadata = [] if headless() else copy_metadata("rigllm")
-    return [*resources, *kernel_datas(), *sources, *metadata, *pycuda_datas()]
+    return [*resources, *kernel_datas(), *sources, *metadata, *pycuda_datas(), *runtime_metadata()]
 
 
 def without_driver_libraries(binaries: list) -> list:

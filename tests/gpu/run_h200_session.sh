@@ -29,13 +29,30 @@ prepare() {  # .kbuild (sm_90 fatbins), .whl (the image's missing wheels, cp312)
         --platform manylinux_2_31_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
         "jsonschema>=4.18" "llguidance==1.9.1" "keyring>=25" diskcache
     rm -f .whl/attrs-*.whl .whl/typing_extensions-4.15*.whl
-    if [ -d .whl-gpu ] && [ -f .whl-gpu/bundle.tar.xz ]; then  # packaging/README.md builds the bundle and wheel
-        find .whl -name '*.whl' ! -name 'pycuda-*' -exec cp {} .whl-gpu/ \;
-        tar -cf - .kbuild | xz -6 -T0 > .whl-gpu/kbuild.tar.xz
-    else
-        echo "no .whl-gpu/bundle.tar.xz: build the recipe's cp312 pycuda wheel and the headless bundle first (packaging/README.md)"
-    fi
+    prepare_gpu_check
     du -sh .kbuild .whl .whl-gpu 2>/dev/null
+}
+
+prepare_gpu_check() {  # .whl-gpu: the recipe's cp312 pycuda wheel, the headless bundle of this tree, kbuild.tar.xz
+    local py312=${PY312:-$HOME/.pyenv/versions/3.12.1/bin/python3} venv=/tmp/rigllm-py312
+    [ -x "$py312" ] || { echo "no Python 3.12 at $py312 (set PY312): .whl-gpu not built"; return; }
+    rm -rf "$venv" .whl-gpu /tmp/rigllm-bundle && mkdir -p .whl-gpu
+    "$py312" -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" wheel -q --no-deps ./packaging/pycuda-wheel -w .whl-gpu/  # no CUDA toolkit (packaging/README.md)
+    "$venv/bin/pip" install -q .whl-gpu/pycuda-*.whl -e '.[kernels]' pyinstaller==6.22.3
+    "$venv/bin/rigllm" build-kernels --out resources/kernels --arch 70  # what the bundle carries
+    RIGLLM_BUNDLE_HEADLESS=1 RIGLLM_BUNDLE_REQUIRE_KERNELS=1 "$venv/bin/pyinstaller" --noconfirm \
+        --distpath /tmp/rigllm-bundle --workpath /tmp/rigllm-bundle-work packaging/pyinstaller/rigllm.spec
+    find /tmp/rigllm-bundle/rigllm/_internal -name '*.so*' -exec strip --strip-debug {} + || true
+    tar -C /tmp/rigllm-bundle -cf - rigllm | xz -9 -T0 > .whl-gpu/bundle.tar.xz
+    tar -cf - .kbuild | xz -6 -T0 > .whl-gpu/kbuild.tar.xz
+    # what gpu_check.sh's steps import beyond the image (pycuda's dependencies, gguf, the grammar and schema
+    # libraries); not the API stack or keyring, which would take the folder over the 64 MiB carry limit
+    for w in gguf pytools platformdirs mako siphash24 typing_extensions llguidance jsonschema \
+             jsonschema_specifications referencing rpds_py diskcache; do
+        cp .whl/"$w"-*.whl .whl-gpu/
+    done
 }
 
 setup() {  # on the H200: the carried wheels on PYTHONPATH, the prebuilt kernels

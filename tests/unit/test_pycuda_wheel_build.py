@@ -39,12 +39,17 @@ def _no_toolkit_env() -> dict[str, str]:
     return env
 
 
-def test_fresh_venv_installs_the_gpu_extra_without_a_toolkit(tmp_path):
+@pytest.mark.parametrize("pip", ["bundled", "upgraded"])
+def test_fresh_venv_installs_the_gpu_extra_without_a_toolkit(tmp_path, pip):
+    """With the venv's own pip and with the newest one (`pip install --upgrade pip`, which a user often runs
+    first): pip 26 passes its build-hook variables to the recipe, whose nested pip must not inherit them."""
     env = _no_toolkit_env()
     assert subprocess.run(["which", "nvcc"], env=env, capture_output=True).returncode != 0
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = str(venv / "bin" / "python")
+    if pip == "upgraded":
+        subprocess.run([python, "-m", "pip", "install", "-q", "--upgrade", "pip"], env=env, check=True)
     # --no-cache-dir: pip caches the wheel it built from packaging/pycuda-wheel and would reuse it
     install = subprocess.run([python, "-m", "pip", "install", "--no-cache-dir", "-v", "-e", f"{ROOT}[gpu]"],
                              cwd=tmp_path, env=env,

@@ -77,7 +77,8 @@ left() { echo $((BUDGET_S - SECONDS)); }
 
 case "$what" in
 prepare) prepare ;;
-tests)  # every GPU test (teeth prints with -rP), each outcome live; the API suite on cuda beside it
+tests)  # every GPU test (456 s alone on 2026-12-02), each outcome live; the API suite on cuda beside it (it took
+        # 103 s at -n 3 on a loaded machine: with -n 2 it slows the GPU suite for less than two minutes)
     setup
     export LIVE_REPORT="$RES/gpu-tests-live.txt"
     job gpu-tests $(($(left) - 10)) python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 14 --timeout 200 \

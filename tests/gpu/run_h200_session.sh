@@ -7,6 +7,8 @@
 #   call 1: bash tests/gpu/run_h200_session.sh tests     carry [".kbuild", ".whl"]
 #   call 2: bash tests/gpu/run_h200_session.sh bench     carry [".kbuild", ".whl"]
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
+#           (.whl-gpu was 57 MB on 2026-12-02 and the tree 11 MB: if the call is refused as too big, build the
+#           bundle with fewer modules or pack it harder; its own compute_70 PTX can replace kbuild.tar.xz)
 #
 # Results go to $OUT/results (copy them to tests/gpu/results/ and commit). Each call prints a short table last.
 set -u

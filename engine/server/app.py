@@ -120,7 +120,6 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
     app.router.route_class = BoundedBodyRoute
     app.state.body_limit = policy.max_body_bytes
     app.state.prepare_pool = pool
-    app.state.live_requests = live
     install_error_handlers(app)
 
     @app.middleware("http")
@@ -136,6 +135,17 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         """The job's sink: metrics taken, reasoning inlined when the server is asked to."""
         watched = metrics.observe(sink)
         return inline_reasoning(watched) if reasoning_format == "none" else watched
+
+    async def prepare(make: Callable[..., Job], *args: Any, **kwargs: Any) -> tuple[Job, AsyncSink]:
+        """A job made by `make(*args, sink_observer, **kwargs)` in the bounded pool, with its sink: the stall
+        policy (a reader that stops reading is dropped), the observers, and tracked for the shutdown deadline.
+        Every generating route takes its jobs from here, so none can leave one of those out."""
+        loop = asyncio.get_running_loop()
+        sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
+        job = await loop.run_in_executor(pool, functools.partial(make, *args, observed(sink), **kwargs))
+        sink.bind(job)
+        live.add(sink)
+        return job, sink
 
     def model_card(service: ModelService) -> dict[str, Any]:
         return {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "rigllm"}
@@ -180,25 +190,14 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         total, per_prompt = await loop.run_in_executor(pool, choice_total, service, req)
         if total > 1:
             return await run_choices(service, worker, req, make_job, chat, total, per_prompt, include_usage)
-        sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
-        job = await loop.run_in_executor(pool, make_job, service, req, observed(sink))
-        sink.bind(job)
-        live.add(sink)
+        job, sink = await prepare(make_job, service, req)
         return await run(request, worker, job, sink, CompletionShape(service.model_id, chat=chat), bool(req.stream),
                          include_usage)
 
     async def run_choices(service: ModelService, worker: GenerationWorker, req: Any, make_job: Any, chat: bool,
                           total: int, per_prompt: int, include_usage: bool) -> Response:
         """`n` > 1 or several prompts: one job per choice, all queued before any runs (`choices`)."""
-        loop = asyncio.get_running_loop()
-        jobs = []
-        for index in range(total):
-            sink = AsyncSink(loop, stall_seconds=policy.stall_seconds)
-            job = await loop.run_in_executor(pool, functools.partial(make_job, service, req, observed(sink),
-                                                                     index=index))
-            sink.bind(job)
-            live.add(sink)
-            jobs.append((job, sink))
+        jobs = [await prepare(make_job, service, req, index=index) for index in range(total)]
         try:
             for job, _ in jobs:
                 submit_or_503(worker, job)
@@ -228,6 +227,6 @@ def create_app(models: ModelSource, api_key: str | None = None, cors_origins: Se
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/health", health, methods=["GET"])
     add_tokenize_routes(app, lambda: models.require()[0], pool)
-    add_responses_routes(app, models, observed)
+    add_responses_routes(app, models, prepare)
     documented_errors(app)
     return app

@@ -3,14 +3,13 @@ and keep the conversation for `previous_response_id`."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.generation.serving.generation_job import AsyncSink, Event
+from engine.generation.serving.generation_job import AsyncSink, Job
 from engine.generation.serving.request_error import APIError
 from engine.server.api_errors import submit_or_503
 from engine.server.request_jobs import chat_job
@@ -20,20 +19,17 @@ from engine.server.responses_input import ConversationStore, ResponsesRequest, c
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
-def add_responses_routes(app: FastAPI, models: Any, observed: Callable[[AsyncSink], Callable[[Event], None]]) -> None:
-    """`models`: the app's `ModelSource`; `observed`: the app's sink wrapper (metrics, reasoning format)."""
+def add_responses_routes(app: FastAPI, models: Any,
+                         prepare: Callable[..., Awaitable[tuple[Job, AsyncSink]]]) -> None:
+    """`models`: the app's `ModelSource`; `prepare`: the app's job maker (bounded pool, stall policy, observers,
+    shutdown tracking), as for chat completions."""
     store = ConversationStore()
 
     async def responses(req: ResponsesRequest):
         service, worker = models.require()
         earlier = store.get(req.previous_response_id) if req.previous_response_id else []
         chat, conversation = chat_request(req, earlier)
-        loop = asyncio.get_running_loop()
-        sink = AsyncSink(loop)
-        # prepared in the app's bounded pool and tracked for the shutdown deadline, as chat completions are
-        job = await loop.run_in_executor(app.state.prepare_pool, chat_job, service, chat, observed(sink))
-        sink.bind(job)
-        app.state.live_requests.add(sink)
+        job, sink = await prepare(chat_job, service, chat)
         submit_or_503(worker, job)
         builder = ResponseBuilder(req, service.model_id)
 

@@ -87,7 +87,14 @@ def test_abandoned_whole_responses_stop_generating_at_once(server):
     assert time.monotonic() - started < 2
 
 
-def test_a_stream_reader_that_stalls_is_dropped_and_its_slot_freed():
+STALLED_BODIES = {  # every streaming route: /v1/responses once made its sink without the stall policy
+    "/v1/chat/completions": {"messages": HELLO, "stream": True, "max_tokens": 2000, **OFF},
+    "/v1/responses": {"input": "Hello", "stream": True, "max_output_tokens": 2000, "reasoning": {"effort": "none"}},
+}
+
+
+@pytest.mark.parametrize("path", list(STALLED_BODIES))
+def test_a_stream_reader_that_stalls_is_dropped_and_its_slot_freed(path):
     """A client that asks for a stream and stops reading: once the server's sends block (its socket
     buffers are full; here the ASGI `send` blocks after two chunks, which is what that looks like
     to the app) and the reply's oldest unread event has waited `stall_seconds`, the request is
@@ -100,9 +107,9 @@ def test_a_stream_reader_that_stalls_is_dropped_and_its_slot_freed():
     host.load(loaded.path)
     worker = host.require()[1]
     app = create_app(host, policy=HttpPolicy(stall_seconds=0.5))
-    body = json.dumps({"messages": HELLO, "stream": True, "max_tokens": 2000, **OFF}).encode()
+    body = json.dumps(STALLED_BODIES[path]).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "path": path, "raw_path": path.encode(), "query_string": b"",
              "root_path": "", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
              "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
                          (b"content-length", str(len(body)).encode())]}

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-SHUTDOWN_TIMEOUT = 0.5  # the greedy reply below runs 167 tokens (~2 s on a CPU): it is still running then
+SHUTDOWN_TIMEOUT = 0.5  # the reply below cannot end before 4000 tokens (~8 s on this CPU): still running then
 EXIT_WITHIN = SHUTDOWN_TIMEOUT + 8  # the deadline, then the worker's stop and the interpreter's exit
 
 
@@ -46,10 +46,20 @@ def served():
             proc.communicate()
 
 
+def never_ending() -> dict[str, float]:
+    """logit_bias that keeps the demo model from its end tokens: its greedy reply ends after 167 tokens, which
+    an idle machine decodes in 0.35 s, before the shutdown deadline (this test failed 2 runs in 5 that way)."""
+    from engine.fixtures.demo_model import ensure_demo_model
+    from engine.generation.serving.model_service import ModelService
+    from engine.gguf.loader import load_model
+
+    return {str(i): -100.0 for i in ModelService.from_loaded(load_model(ensure_demo_model())).tokenizer.eos_ids}
+
+
 def test_sigterm_mid_stream_ends_it_with_an_error_and_done(served):
     root, proc = served
     long_reply = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4000, "temperature": 0,
-                  "chat_template_kwargs": {"enable_thinking": False}}
+                  "chat_template_kwargs": {"enable_thinking": False}, "logit_bias": never_ending()}
     for _ in range(2):  # whole responses whose clients give up: cancelled on disconnect, not waited for
         with pytest.raises(httpx.TimeoutException):
             httpx.post(f"{root}/v1/chat/completions", json=long_reply, timeout=0.3)

@@ -9,6 +9,7 @@ the follow-up's prompt extends the earlier one and the prefix cache restores its
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -19,6 +20,9 @@ from engine.generation.serving.request_error import APIError
 from engine.server.wire import ChatCompletionRequest, RequestBody
 
 KEPT_RESPONSES = 256
+# and at most this many bytes of them (their JSON): 256 conversations near a 262K-token context would hold
+# hundreds of MB for whoever chains requests, so the oldest go first once the sum passes this
+KEPT_BYTES = 64 << 20
 
 
 class ResponsesRequest(RequestBody):
@@ -41,26 +45,33 @@ class ResponsesRequest(RequestBody):
 
 
 class ConversationStore:
-    """Past responses' whole conversations (chat messages), newest kept, `KEPT_RESPONSES` at most."""
+    """Past responses' whole conversations (chat messages), newest kept: `limit` of them and `max_bytes` of
+    their JSON at most (a conversation larger than that alone is not kept)."""
 
-    def __init__(self, limit: int = KEPT_RESPONSES):
-        self._items: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
-        self._limit = limit
+    def __init__(self, limit: int = KEPT_RESPONSES, max_bytes: int = KEPT_BYTES):
+        self._items: OrderedDict[str, tuple[list[dict[str, Any]], int]] = OrderedDict()
+        self._limit, self._max_bytes, self._bytes = limit, max_bytes, 0
         self._lock = threading.Lock()
 
     def get(self, response_id: str) -> list[dict[str, Any]]:
         with self._lock:
-            messages = self._items.get(response_id)
-        if messages is None:
+            kept = self._items.get(response_id)
+        if kept is None:
             raise APIError(404, f"previous_response_id '{response_id}' is not kept by this server (it keeps the "
                            f"last {self._limit} responses while it runs)", param="previous_response_id")
-        return list(messages)
+        return list(kept[0])
 
     def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        size = len(json.dumps(messages, ensure_ascii=False, default=str))
+        if size > self._max_bytes:
+            return
         with self._lock:
-            self._items[response_id] = messages
-            while len(self._items) > self._limit:
-                self._items.popitem(last=False)
+            if response_id in self._items:
+                self._bytes -= self._items.pop(response_id)[1]
+            self._items[response_id] = (messages, size)
+            self._bytes += size
+            while len(self._items) > self._limit or self._bytes > self._max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][1]
 
 
 def _text(content: Any, where: str) -> str:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.cuda.bench.speed import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
+from engine.cuda.bench.cmp_model import CMP_READ_GBPS
+from engine.cuda.bench.speed import CMP_DP4A_TOPS, decode_bytes
 from engine.gguf.config import ModelConfig
 
 # llama.cpp measured on CMP 100-210 cards by qengine's README (anchor-qengine.md §1.1; build 8462, FORCE_MMQ

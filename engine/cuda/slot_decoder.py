@@ -52,7 +52,7 @@ from engine.vision.multimodal_prompt import PromptSegment
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
 DEFAULT_CHUNK = 256  # prefill tokens per forward (the CUDA backends' default `chunk`)
-MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots and sampling modes seen)
+MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots seen)
 
 GraphKey = tuple[int, ...]  # the stepped slots in slot order (sampling modes are data: one graph serves them all)
 
@@ -225,15 +225,14 @@ class SlotDecoder:
         self.logprobs[slot].want(request.logprobs is not None)
         sampler.configure(params)  # the step graph's sampler reads the mode from here
         sampler.reset_counts()
-        if not params.plain_greedy:  # the penalties see the prompt
+        if params.plain_greedy:
+            sampler.argmax(self.fwd.logits_row(0))
+        else:  # the penalties see the prompt
             ids = np.asarray(request.history, dtype=np.int32)
             for start in range(0, len(ids), self.prefill_chunk):
                 part = ids[start : start + self.prefill_chunk]
                 self.fwd.ids.view(0, 4 * len(part)).upload(part)
                 sampler.count_tokens(self.fwd.ids, len(part))
-        if params.plain_greedy:
-            sampler.argmax(self.fwd.logits_row(0))
-        else:
             sampler.sample(self.fwd.logits_row(0))
         logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
         logprobs = None

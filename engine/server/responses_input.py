@@ -58,11 +58,12 @@ class ConversationStore:
             kept = self._items.get(response_id)
         if kept is None:
             raise APIError(404, f"previous_response_id '{response_id}' is not kept by this server (it keeps the "
-                           f"last {self._limit} responses while it runs)", param="previous_response_id")
+                           f"last {self._limit} responses, {self._max_bytes >> 20} MiB of them at most, while it "
+                           "runs)", param="previous_response_id")
         return list(kept[0])
 
     def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(messages, ensure_ascii=False, default=str))
+        size = len(json.dumps(messages, default=str))  # ASCII JSON: its length is its size in bytes
         if size > self._max_bytes:
             return
         with self._lock:

@@ -20,7 +20,8 @@ from engine.bench_peer.report import (
     prefill_projection,
     rerender,
 )
-from engine.cuda.bench.speed import CMP_DP4A_TOPS, CMP_READ_GBPS, decode_bytes
+from engine.cuda.bench.cmp_model import CMP_READ_GBPS
+from engine.cuda.bench.speed import CMP_DP4A_TOPS, decode_bytes
 from engine.errors import RigllmError
 from engine.gguf.shapes import shape_config
 

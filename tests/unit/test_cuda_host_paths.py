@@ -131,7 +131,7 @@ def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
 
 
 def test_evicted_step_graphs_are_destroyed_and_leave_the_cards_list(demo):
-    """More distinct (slots, sampling modes) sets than MAX_GRAPHS: the decoder keeps MAX_GRAPHS graphs, and each
+    """More distinct sets of stepped slots than MAX_GRAPHS: the decoder keeps MAX_GRAPHS graphs, and each
     one it evicts is destroyed and gone from the card's list (which used to keep every graph ever captured)."""
     from itertools import combinations
 

@@ -15,7 +15,7 @@ def turn(text: str) -> list[dict[str, str]]:
 
 
 def size(messages) -> int:
-    return len(json.dumps(messages, ensure_ascii=False))
+    return len(json.dumps(messages))
 
 
 def test_the_oldest_conversations_go_once_their_bytes_pass_the_budget():

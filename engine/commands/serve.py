@@ -23,9 +23,10 @@ from pathlib import Path
 
 from engine.commands.placement_args import add_placement_args, placement_options
 from engine.backends import BACKEND_CHOICES
-from engine.generation.serving.request_limits import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES, DEFAULT_MAX_TOKENS
+from engine.generation.serving.request_limits import (
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_IMAGES, DEFAULT_MAX_TOKENS,
+)
 from engine.generation.serving.worker import DEFAULT_PREFIX_CACHE_BYTES, DEFAULT_SLOTS
-from engine.server.http_policy import DEFAULT_MAX_BODY_BYTES
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

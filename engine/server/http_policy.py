@@ -27,13 +27,13 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.server.api_errors import error_response
 from engine.generation.serving.generation_job import DEFAULT_STALL_SECONDS
+from engine.generation.serving.request_limits import DEFAULT_MAX_BODY_BYTES
 
 OPEN_PATHS = ("/health", "/v1/health", "/docs", "/openapi.json")
 ADMIN_PREFIX = "/admin"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-DEFAULT_MAX_BODY_BYTES = 8 << 20  # a few base64 photos; far below what parsing or tokenizing makes slow
 DEFAULT_PREPARE_THREADS = 4
 
 

@@ -20,6 +20,8 @@ MAX_STOP_CHARS = 1024
 DEFAULT_MAX_IMAGES = 8
 DEFAULT_MAX_IMAGE_PIXELS = 25_000_000  # e.g. 5000 x 5000: ~75 MB decoded; a 13000 x 13000 bomb is refused
 MAX_DEADLINE_SECONDS = 3600.0
+# a few base64 photos; far below what parsing or tokenizing makes slow (the HTTP layer refuses larger bodies)
+DEFAULT_MAX_BODY_BYTES = 8 << 20
 
 
 class LimitExceeded(RigllmError):

@@ -7,6 +7,7 @@
 #   call 1: bash tests/gpu/run_h200_session.sh tests     carry [".kbuild", ".whl"]
 #   call 2: bash tests/gpu/run_h200_session.sh bench     carry [".kbuild", ".whl"]
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
+#   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbuild", ".whl"] (K-quant GEMV tests, sweeps, benches)
 #           (.whl-gpu was 57 MB on 2026-12-02 and the tree 11 MB: if the call is refused as too big, build the
 #           bundle with fewer modules or pack it harder; its own compute_70 PTX can replace kbuild.tar.xz)
 #
@@ -32,6 +33,8 @@ prepare() {  # .kbuild (sm_90 fatbins), .whl (the image's missing wheels, cp312)
         "jsonschema>=4.18" "llguidance==1.9.1" "keyring>=25" diskcache
     rm -f .whl/attrs-*.whl .whl/typing_extensions-4.15*.whl
     prepare_gpu_check
+    # every call then runs on the toolkit-free pycuda of packaging/pycuda-wheel, not the shared folder's build
+    if ls .whl-gpu/pycuda-*.whl > /dev/null 2>&1; then rm -f .whl/pycuda-*.whl; cp .whl-gpu/pycuda-*.whl .whl/; fi
     du -sh .kbuild .whl .whl-gpu 2>/dev/null
 }
 
@@ -48,7 +51,8 @@ prepare_gpu_check() {  # .whl-gpu: the recipe's cp312 pycuda wheel, the headless
         --distpath /tmp/rigllm-bundle --workpath /tmp/rigllm-bundle-work packaging/pyinstaller/rigllm.spec
     find /tmp/rigllm-bundle/rigllm/_internal -name '*.so*' -exec strip --strip-debug {} + || true
     tar -C /tmp/rigllm-bundle -cf - rigllm | xz -9 -T0 > .whl-gpu/bundle.tar.xz
-    tar -cf - .kbuild | xz -6 -T0 > .whl-gpu/kbuild.tar.xz
+    # no kbuild.tar.xz: with it the folder and the tree passed the 64 MiB a call may carry (2026-12-02); the check
+    # runs on the bundle's own kernels, as a user's rig would
     # what gpu_check.sh's steps import beyond the image (pycuda's dependencies, gguf, the grammar and schema
     # libraries); not the API stack or keyring, which would take the folder over the 64 MiB carry limit
     for w in gguf pytools platformdirs mako siphash24 typing_extensions llguidance jsonschema \
@@ -98,14 +102,19 @@ tests)  # every GPU test (456 s alone on 2026-12-02), each outcome live; the API
     grep -E '^[0-9:]+ failed' "$RES"/*-live.txt | head -30 ;;
 bench)  # K-quant GEMV sweeps, then decode/prefill benches in priority order while the budget lasts
     setup
+    # the CLI test that the check call's folder (no API stack) failed on 2026-12-02, before anything is timed
+    job generate-cli 120 python3 -m pytest -o addopts='' -q tests/gpu/test_cuda_backend.py -k generate_cli
+    wait
+    echo "generate-cli: $(cat "$RES/generate-cli.rc") ($SECONDS s)"
+    # the Q4_K sweep and the Q8_0 / Q4_K_M pair first: issue 29's decode targets compare them in one run
     runs=(
         "sweep-9b-q4_k_m|bench --synthetic 9b --weights q4_k_m --gemv-sweep 1"
-        "sweep-9b-q6_k|bench --synthetic 9b --weights q6_k --gemv-sweep 1"
-        "sweep-9b-q5_k_m|bench --synthetic 9b --weights q5_k_m --gemv-sweep 1"
         "bench-9b-q8_0|bench --synthetic 9b --weights q8_0 --prompts 512,4096 --depths 512,4096"
         "bench-9b-q4_k_m|bench --synthetic 9b --weights q4_k_m --prompts 512,4096 --depths 512,4096"
         "bench-27b-q4_k_m|bench --synthetic 27b --weights q4_k_m --prompts 512,4096 --depths 512,4096"
+        "sweep-9b-q6_k|bench --synthetic 9b --weights q6_k --gemv-sweep 1"
         "bench-27b-q8_0|bench --synthetic 27b --weights q8_0 --prompts 512,4096 --depths 512,4096"
+        "sweep-9b-q5_k_m|bench --synthetic 9b --weights q5_k_m --gemv-sweep 1"
         "bench-9b-q6_k|bench --synthetic 9b --weights q6_k --prompts 512,4096 --depths 512,4096"
     )
     for r in "${runs[@]}"; do
@@ -115,11 +124,33 @@ bench)  # K-quant GEMV sweeps, then decode/prefill benches in priority order whi
         wait
         echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"
     done ;;
+kq)  # K-quant GEMV variants: their GPU tests, the sweeps, then whole steps with the sweeps' fastest by width
+    setup
+    job kq-tests 240 python3 -m pytest -o addopts='' -q -rfE -n 8 --timeout 200 -p no:benchmark \
+        tests/gpu/test_kquant_kernels.py tests/gpu/test_kquant_backend.py
+    wait
+    echo "kq-tests: $(cat "$RES/kq-tests.rc") ($SECONDS s)"; tail -3 "$RES/kq-tests.log"
+    sweeps=()
+    for t in q4_k_m q5_k_m q6_k; do
+        job "sweep-9b-$t" 60 python3 -m engine.cli bench --synthetic 9b --weights $t --gemv-sweep 1 \
+            --json "$RES/$DAY-h200-sweep-9b-$t.json"
+        wait
+        sweeps+=("$RES/$DAY-h200-sweep-9b-$t.json")
+        grep -E "by width" "$RES/sweep-9b-$t.log"
+    done
+    for r in 9b:q8_0 9b:q4_k_m 27b:q4_k_m 9b:q5_k_m 9b:q6_k 27b:q8_0; do
+        [ "$(left)" -gt 45 ] || { echo "$r: not run (budget)"; continue; }
+        name="bench-${r%%:*}-${r#*:}"
+        job "$name" $(($(left) - 15)) python3 tests/gpu/bench_kq_choice.py "${sweeps[@]}" -- bench --synthetic "${r%%:*}" \
+            --weights "${r#*:}" --prompts 512 --depths 512,4096 --json "$RES/$DAY-h200-$name.json"
+        wait
+        echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"; grep -A3 "^depth" "$RES/$name.log"
+    done ;;
 check)  # the toolkit-free pycuda wheel and the headless bundle (packaging/gpu_check.sh), mutations 2-4 beside it
     mkdir -p "$RES" /tmp/rigllm-kbuild
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rigllm-mut-site .whl-gpu/*.whl
-    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
-        .whl-gpu/kbuild.tar.xz /tmp/rigllm-kbuild
+    # the bundle's own kernels (sm_70 SASS + compute_70 PTX, JIT-compiled here) where kbuild.tar.xz did not fit
+    python3 tests/gpu/unpack_check_kernels.py .whl-gpu /tmp/rigllm-kbuild/.kbuild
     ( OUT="$RES/gpu-check" BUDGET_S=$(($(left) - 20)) bash packaging/gpu_check.sh .whl-gpu /tmp/rigllm-kbuild/.kbuild \
         > "$RES/gpu-check.log" 2>&1 ) &
     rm -rf /tmp/mut && mkdir /tmp/mut && tar --exclude=./.whl-gpu -cf - . | tar -C /tmp/mut -xf -

@@ -54,16 +54,18 @@ struct KqSlice {
     float m_lo, m_hi;  // min terms (0 for Q6_K)
 };
 
-// 6-bit scale and min of sub-block j (0..7) from the three 32-bit words of a block's scales[12].
+// 6-bit scale and min of sub-block j (0..7) from the three 32-bit words of a block's scales[12]: sub-blocks 0-3
+// keep 6 bits in byte j of s0 (scale) and s1 (min); 4-7 keep their low 4 bits in the nibbles of byte j - 4 of s2
+// and their high 2 bits in the top bits of byte j - 4 of s0 / s1 (ggml's get_scale_min_k4). Both forms are
+// computed and one selected: neighbouring lanes of a GEMV warp decode different j, and a branch here made the
+// warp run both sides one after the other (the divergent sections were a third of the Q4_K GEMV's loop, H200
+// SASS of 2026-12-02).
 __device__ __forceinline__ void scale_min_k4(int j, unsigned s0, unsigned s1, unsigned s2, int& sc, int& m) {
-    if (j < 4) {
-        sc = (s0 >> (8 * j)) & 63;
-        m = (s1 >> (8 * j)) & 63;
-    } else {
-        const int b = 8 * (j - 4);
-        sc = ((s2 >> b) & 0xF) | (((s0 >> (b + 6)) & 3) << 4);
-        m = ((s2 >> (b + 4)) & 0xF) | (((s1 >> (b + 6)) & 3) << 4);
-    }
+    const int shift = 8 * (j & 3);
+    const unsigned q0 = s0 >> shift, q1 = s1 >> shift, q2 = s2 >> shift;
+    const bool upper = j >= 4;
+    sc = (int)(upper ? (q2 & 0xFu) | ((q0 >> 2) & 0x30u) : q0 & 63u);
+    m = (int)(upper ? ((q2 >> 4) & 0xFu) | ((q1 >> 2) & 0x30u) : q1 & 63u);
 }
 
 __device__ __forceinline__ void decode_header(const int4 h, int c, KqSlice& s) {

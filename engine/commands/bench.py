@@ -154,9 +154,12 @@ def _kq_gemv_sweep(args: argparse.Namespace) -> int:
     with CudaCard(0) as card:
         result = kq_gemv_sweep(card, args.synthetic, qtype)
     _emit(args, result)
-    print(f"{qtype.name} 1-token GEMV per step on {args.synthetic} (default {result['default']}):", file=sys.stderr)
+    print(f"{qtype.name} 1-token GEMV per step on {args.synthetic}, one variant for every matrix:", file=sys.stderr)
     for name, us in result["per_token_us"].items():
         print(f"  {name:<24} {us:8.1f} us", file=sys.stderr)
+    for label, key in (("default", "default"), ("fastest", "fastest_by_width")):
+        c = result[key]
+        print(f"  {label} by width: narrow {c['narrow']}, wide {c['wide']}: {c['per_token_us']:.1f} us", file=sys.stderr)
     return 0
 
 

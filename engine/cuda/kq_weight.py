@@ -25,12 +25,32 @@ KERNEL_TYPE_NAMES = {Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k"}
 KQ_GEMV_THREADS = 128
 # Per token count, the plain kernel's rows per warp (mirrors RIGLLM_GEMV_KQ_TYPE in gemv_kq.cu; a unit test checks).
 _PLAIN_ROWS = {t: 2 for t in range(1, MAX_GEMV_TOKENS + 1)}
-# T = 1 variants (suffix -> launch shape), same for the three types; `kq_gemv_sweep` times them.
+# T = 1 variants (suffix -> launch shape), same for the three types; `kq_gemv_sweep` times them. `_p2` variants
+# take two neighbouring slices per lane step (one header decode for both: gemv_kq.cu).
 KQ_T1_VARIANTS = {"": GemvLaunch(2, 128), "_r1_u2": GemvLaunch(1, 128), "_r1_u4": GemvLaunch(1, 128),
-                  "_r4_u1": GemvLaunch(4, 128)}
-# The T = 1 variant each type launches. Until a sweep on the H200 picks per type, all use the plain kernel
-# (R = 2, U = 2: four slices in flight per lane, as many as the Q8_0 default's loads in bytes).
-DEFAULT_KQ_T1 = {Q.Q4_K: "", Q.Q5_K: "", Q.Q6_K: ""}
+                  "_r4_u1": GemvLaunch(4, 128), "_r4_u2": GemvLaunch(4, 128), "_r1_p2": GemvLaunch(1, 128),
+                  "_p2": GemvLaunch(2, 128), "_r4_p2": GemvLaunch(4, 128)}
+# Matrices of at least this many rows are "wide": enough warps at 4 rows each to fill the card. Narrower ones
+# (the 4096-row output and down projections) keep more warps with 1 row each.
+WIDE_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class T1Choice:
+    """The T = 1 variant (a KQ_T1_VARIANTS suffix) for narrow and for wide matrices of one type."""
+
+    narrow: str
+    wide: str
+
+    def for_rows(self, rows: int) -> str:
+        return self.wide if rows >= WIDE_ROWS else self.narrow
+
+
+# The T = 1 variant each type launches, by matrix width: the fastest per class in the H200 sweep of the 9B
+# shape (`rigllm bench --synthetic 9b --weights q4_k_m|q5_k_m|q6_k --gemv-sweep 1`,
+# tests/gpu/results/2026-12-03-h200-sweep-9b-*.json): per decode step 1463 us of Q4_K GEMVs against 1530 for
+# the best single variant and 1653 for the plain kernel; Q5_K 1776 us, Q6_K 1826 us.
+DEFAULT_KQ_T1 = {Q.Q4_K: T1Choice("_p2", "_r4_u1"), Q.Q5_K: T1Choice("_p2", "_r4_u1"), Q.Q6_K: T1Choice("_p2", "_p2")}
 EMBED_THREADS = 256
 
 
@@ -73,14 +93,15 @@ def upload_kq_weight(card: CudaCard, qtype: GGMLQuantizationType, parts: Sequenc
                     tuple(p.shape[0] for p in parts))
 
 
-def gemv_kernel(qtype: GGMLQuantizationType, n_tokens: int, variant: str | None = None) -> tuple[str, GemvLaunch]:
-    """(kernel name, launch shape) of the `n_tokens`-token GEMV for `qtype`; `variant` is a KQ_T1_VARIANTS
-    suffix (T = 1 only; default DEFAULT_KQ_T1[qtype])."""
+def gemv_kernel(qtype: GGMLQuantizationType, n_tokens: int, variant: str | None = None,
+                rows: int = 0) -> tuple[str, GemvLaunch]:
+    """(kernel name, launch shape) of the `n_tokens`-token GEMV for `qtype` on a matrix of `rows` rows;
+    `variant` is a KQ_T1_VARIANTS suffix (T = 1 only; default DEFAULT_KQ_T1[qtype] for that width)."""
     if not 1 <= n_tokens <= MAX_GEMV_TOKENS:
         raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
     base = f"gemv_{KERNEL_TYPE_NAMES[qtype]}_t{n_tokens}"
     if n_tokens == 1:
-        suffix = DEFAULT_KQ_T1[qtype] if variant is None else variant
+        suffix = DEFAULT_KQ_T1[qtype].for_rows(rows) if variant is None else variant
         if suffix not in KQ_T1_VARIANTS:
             raise ValueError(f"unknown T=1 K-quant GEMV variant {suffix!r}; known: {', '.join(map(repr, KQ_T1_VARIANTS))}")
         return base + suffix, KQ_T1_VARIANTS[suffix]
@@ -93,7 +114,7 @@ def gemv_kq(card: CudaCard, w: KQWeight, x: Q8Activations, y: DeviceBuffer, n_to
             residual: DeviceBuffer | None = None, stream: Stream | None = None, max_blocks: int | None = None,
             variant: str | None = None) -> None:
     """y = W x (+ residual) for 1..8 tokens, as `gemv_q8` does for Q8_0 weights."""
-    kernel, launch = gemv_kernel(w.qtype, n_tokens, variant)
+    kernel, launch = gemv_kernel(w.qtype, n_tokens, variant, w.rows)
     ends = matmul_args(w, x, y, n_tokens, residual)
     rows_per_block = launch.rows_per_warp * (launch.threads // 32)
     grid = -(-w.rows // rows_per_block)

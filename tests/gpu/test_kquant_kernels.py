@@ -59,10 +59,10 @@ def test_gemv_matches_numpy(card, rng, qtype, rows, k, tokens):
     check_matmul(card, rng, gemv_kq, qtype, rows, k, tokens)
 
 
+@pytest.mark.parametrize("rows,k", [(2001, 5120), (9, 256)])  # 160 slices (80 pairs); one super-block
 @pytest.mark.parametrize("variant", list(KQ_T1_VARIANTS))
 @pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
-def test_t1_variants_and_a_single_block_grid(card, rng, qtype, variant):
-    rows, k = 2001, 5120
+def test_t1_variants_and_a_single_block_grid(card, rng, qtype, variant, rows, k):
     raw, w, weight, act, x = kq_case(card, rng, qtype, rows, k, 1)
     want, bound = x.astype(np.float64) @ w.T, kq_error_bound(raw, qtype, w, x)
     for max_blocks in (None, 1):

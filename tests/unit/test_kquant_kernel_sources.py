@@ -15,7 +15,7 @@ import pytest
 from engine.cuda.gemv import GemvLaunch, MAX_GEMV_TOKENS
 from engine.cuda.kernel_build import CUDA_SRC_DIR, build_toolchain, compile_module
 from engine.cuda.kernel_limits import HOT_KERNELS
-from engine.cuda.kq_weight import DEFAULT_KQ_T1, KERNEL_TYPE_NAMES, KQ_T1_VARIANTS, gemv_kernel
+from engine.cuda.kq_weight import DEFAULT_KQ_T1, KERNEL_TYPE_NAMES, KQ_T1_VARIANTS, WIDE_ROWS, gemv_kernel
 from tests.unit.test_gemv_variants import _has_nvrtc
 
 SOURCE = CUDA_SRC_DIR / "gemv_kq.cu"
@@ -24,7 +24,8 @@ SOURCE = CUDA_SRC_DIR / "gemv_kq.cu"
 def declared_shapes() -> dict[str, GemvLaunch]:
     """kernel suffix after gemv_<type>_ -> (R, THREADS) of each RIGLLM_GEMV_KQ_KERNEL line of the type macro."""
     text = SOURCE.read_text()
-    lines = re.findall(r"RIGLLM_GEMV_KQ_KERNEL\(gemv_##TNAME##_(\w+), TYPE, (\d+), (\d+), \d+, (\d+), \w+\)", text)
+    lines = re.findall(r"RIGLLM_GEMV_KQ_KERNEL\(gemv_##TNAME##_(\w+), TYPE, (\d+), (\d+), \d+, [12], (\d+), \w+\)",
+                       text)
     return {suffix: GemvLaunch(int(r), int(threads)) for suffix, _t, r, threads in lines}
 
 
@@ -36,7 +37,10 @@ def test_host_launch_shapes_match_the_kernel_source():
             assert gemv_kernel(qtype, 1, suffix) == (f"gemv_{tname}_t1{suffix}", declared[f"t1{suffix}"])
         for t in range(2, MAX_GEMV_TOKENS + 1):
             assert gemv_kernel(qtype, t) == (f"gemv_{tname}_t{t}", declared[f"t{t}"])
-        assert DEFAULT_KQ_T1[qtype] in KQ_T1_VARIANTS
+        choice = DEFAULT_KQ_T1[qtype]
+        assert {choice.narrow, choice.wide} <= KQ_T1_VARIANTS.keys()
+        assert gemv_kernel(qtype, 1, rows=WIDE_ROWS - 1)[0] == f"gemv_{tname}_t1{choice.narrow}"
+        assert gemv_kernel(qtype, 1, rows=WIDE_ROWS)[0] == f"gemv_{tname}_t1{choice.wide}"
 
 
 def test_the_kernels_the_forward_pass_runs_are_hot():

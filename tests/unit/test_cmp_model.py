@@ -14,6 +14,7 @@ from engine.cuda.bench.cmp_model import (
     CMP_SM_GHZ,
     H200_SM_COUNT,
     H200_SM_GHZ,
+    gemv_shares,
     kernel_bytes,
     project_kernel,
     project_step,
@@ -81,3 +82,17 @@ def test_the_committed_h200_runs_project_above_the_simple_method(shape, simple, 
     assert saved["decode"]["512"]["projected_cmp_tokens_per_s"] == pytest.approx(simple, abs=0.05)
     t = projection_of_bench(saved)["projected_cmp_tokens_per_s"]
     assert simple < low <= t["pessimistic"] <= t["optimistic"] <= high
+
+
+def test_several_gemv_kernels_share_the_step_weight_bytes_and_keep_the_projection():
+    """A K-quant step runs several GEMV kernels; each once got the whole file's bytes (fractions over 100%)."""
+    kernels = {"gemv_q4_k_t1_r4_u1": {"launches": 52, "us": 700.0}, "gemv_q6_k_t1_p2": {"launches": 33, "us": 300.0},
+               "rmsnorm_q8_1": {"launches": 65, "us": 170.0}}
+    shares = gemv_shares(kernels, 4_000_000_000)
+    assert shares == {"gemv_q4_k_t1_r4_u1": 2.8e9, "gemv_q6_k_t1_p2": 1.2e9}
+    breakdown = {"depth": 512, "whole_us": 1200.0, "sum_of_parts_us": 1170.0, "kernels": kernels}
+    p = project_step(shape_config("9b"), breakdown, 4500.0, 4_000_000_000)
+    fractions = {name: k["fraction_of_read_ceiling"] for name, k in p["kernels"].items() if name.startswith("gemv_")}
+    assert all(abs(f - 4e9 / 1e-3 / 4.5e12) < 1e-9 for f in fractions.values())
+    gemv_cmp_us = sum(p["kernels"][n]["cmp_us_optimistic"] for n in fractions)
+    assert abs(gemv_cmp_us - 1000.0 * 4500.0 / 818.0) < 1e-6

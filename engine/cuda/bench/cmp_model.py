@@ -44,7 +44,8 @@ def state_bytes(cfg: ModelConfig, depth: int) -> dict[str, int]:
 
 def kernel_bytes(name: str, cfg: ModelConfig, depth: int, weight_bytes: int) -> int:
     """The bytes a decode step's launches of kernel `name` must move (0 for kernels that move little: norms,
-    elementwise, the sampler, the embedding row); `weight_bytes` is every matrix read (the GEMVs)."""
+    elementwise, the sampler, the embedding row); `weight_bytes` is what the GEMV kernel `name` reads (the
+    caller shares the step's matrix bytes among several GEMV kernels, `gemv_shares`)."""
     if name.startswith("gemv_"):
         return weight_bytes
     for family, nbytes in state_bytes(cfg, depth).items():
@@ -67,11 +68,22 @@ def project_kernel(name: str, launches: int, h200_us: float, nbytes: int, read_c
             "bound": bound, "cmp_us_optimistic": optimistic, "cmp_us_pessimistic": pessimistic}
 
 
+def gemv_shares(kernels: dict[str, Any], weight_bytes: int) -> dict[str, float]:
+    """The step's matrix bytes shared among its GEMV kernels in proportion to their time. A K-quant file runs
+    several (one per type and matrix width) and the breakdown does not record which matrices each read, so
+    each gets the GEMVs' common fraction of the read ceiling; the CMP time of a bandwidth-bound kernel is its
+    H200 time x (ceiling / 818 GB/s) whatever its share, so the step's projection does not depend on it."""
+    gemv_us = {name: k["us"] for name, k in kernels.items() if name.startswith("gemv_")}
+    total = sum(gemv_us.values())
+    return {name: weight_bytes * us / total for name, us in gemv_us.items()} if total > 0 else {}
+
+
 def project_step(cfg: ModelConfig, breakdown: dict[str, Any], read_ceiling_gbps: float,
                  weight_bytes: int) -> dict[str, Any]:
     """The per-kernel CMP projection of a `decode_kernel_breakdown` (depth, whole_us, sum_of_parts_us, kernels)."""
     depth = int(breakdown["depth"])
-    kernels = {name: project_kernel(name, k["launches"], k["us"], kernel_bytes(name, cfg, depth, weight_bytes),
+    shares = gemv_shares(breakdown["kernels"], weight_bytes)
+    kernels = {name: project_kernel(name, k["launches"], k["us"], kernel_bytes(name, cfg, depth, shares.get(name, 0)),
                                     read_ceiling_gbps)
                for name, k in breakdown["kernels"].items()}
     overlap = breakdown["whole_us"] / breakdown["sum_of_parts_us"]

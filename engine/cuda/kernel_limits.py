@@ -24,6 +24,8 @@ HOT_KERNELS = frozenset(
         "gemm_q8_0_q8_1",
         "embed_q8_0",
         *(f"gemv_{q}_t{t}" for q in ("q4_k", "q5_k", "q6_k") for t in range(1, 9)),
+        # the T = 1 variants kq_weight.DEFAULT_KQ_T1 launches (a unit test keeps the two in step)
+        *(f"gemv_{q}_t1{v}" for q in ("q4_k", "q5_k", "q6_k") for v in ("_p2", "_r4_u1")),
         *(f"gemm_{q}_q8_1" for q in ("q4_k", "q5_k", "q6_k")),
         *(f"embed_{q}" for q in ("q4_k", "q5_k", "q6_k")),
         "rmsnorm_q8_1",

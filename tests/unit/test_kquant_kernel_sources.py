@@ -44,9 +44,11 @@ def test_host_launch_shapes_match_the_kernel_source():
 
 
 def test_the_kernels_the_forward_pass_runs_are_hot():
-    for tname in KERNEL_TYPE_NAMES.values():
+    for qtype, tname in KERNEL_TYPE_NAMES.items():
         for t in range(1, MAX_GEMV_TOKENS + 1):
             assert f"gemv_{tname}_t{t}" in HOT_KERNELS
+        for suffix in (DEFAULT_KQ_T1[qtype].narrow, DEFAULT_KQ_T1[qtype].wide):
+            assert f"gemv_{tname}_t1{suffix}" in HOT_KERNELS
         assert f"gemm_{tname}_q8_1" in HOT_KERNELS and f"embed_{tname}" in HOT_KERNELS
 
 

@@ -12,9 +12,9 @@
 // which share their block header, activation blocks, d and mins: the pair decodes the header once and folds
 // both slices' integer dot products before any float work (on the H200 the single-slice loop issues about 77
 // instructions per slice and row, which makes the GEMV instruction-bound there). U units per lane per row are
-// loaded before any is decoded (U * R * P independent payload loads in flight). Each decoded slice meets all T activation rows (read from L1/L2), so a T-token launch reads the
-// weights once; the per-block activation sums that the Q4_K/Q5_K minimums need are computed once per slice
-// and token and shared by the R rows. A warp-shuffle reduction ends each row; no shared memory. Warps stride
+// loaded before any is decoded (U * R * P independent payload loads in flight). Each decoded slice meets all T
+// activation rows (read from L1/L2), so a T-token launch reads the weights once; the per-block activation sums
+// that the Q4_K/Q5_K minimums need are computed once per unit and token and shared by the R rows. A warp-shuffle reduction ends each row; no shared memory. Warps stride
 // over row groups (grid-stride): any grid size is correct.
 #include "kquant.cuh"
 #include "matmul_store.cuh"

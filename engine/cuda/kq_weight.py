@@ -31,7 +31,7 @@ KQ_T1_VARIANTS = {"": GemvLaunch(2, 128), "_r1_u2": GemvLaunch(1, 128), "_r1_u4"
                   "_r4_u1": GemvLaunch(4, 128), "_r4_u2": GemvLaunch(4, 128), "_r1_p2": GemvLaunch(1, 128),
                   "_p2": GemvLaunch(2, 128), "_r4_p2": GemvLaunch(4, 128)}
 # Matrices of at least this many rows are "wide": enough warps at 4 rows each to fill the card. Narrower ones
-# (the 4096-row output and down projections) keep more warps with 1 row each.
+# (the 4096-row output and down projections) want fewer rows per warp, so more warps share them.
 WIDE_ROWS = 8192
 
 

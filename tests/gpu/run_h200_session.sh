@@ -8,8 +8,9 @@
 #   call 2: bash tests/gpu/run_h200_session.sh bench     carry [".kbuild", ".whl"]
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
 #   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbuild", ".whl"] (K-quant GEMV tests, sweeps, benches)
-#           (.whl-gpu was 57 MB on 2026-12-02 and the tree 11 MB: if the call is refused as too big, build the
-#           bundle with fewer modules or pack it harder; its own compute_70 PTX can replace kbuild.tar.xz)
+#           (.whl-gpu was 52 MB on 2026-12-02 and the tree 11 MB, under the 64 MiB a call carries only without a
+#           packed .kbuild: the check runs on the bundle's own kernels; if the call is refused as too big, build
+#           the bundle with fewer modules or pack it harder)
 #
 # Results go to $OUT/results (copy them to tests/gpu/results/ and commit). Each call prints a short table last.
 set -u
@@ -149,7 +150,7 @@ kq)  # K-quant GEMV variants: their GPU tests, the sweeps, then whole steps with
 check)  # the toolkit-free pycuda wheel and the headless bundle (packaging/gpu_check.sh), mutations 2-4 beside it
     mkdir -p "$RES" /tmp/rigllm-kbuild
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rigllm-mut-site .whl-gpu/*.whl
-    # the bundle's own kernels (sm_70 SASS + compute_70 PTX, JIT-compiled here) where kbuild.tar.xz did not fit
+    # the bundle's own kernels (sm_70 SASS + compute_70 PTX; on the H200 the image's NVRTC 13 builds sm_90 ones)
     python3 tests/gpu/unpack_check_kernels.py .whl-gpu /tmp/rigllm-kbuild/.kbuild
     ( OUT="$RES/gpu-check" BUDGET_S=$(($(left) - 20)) bash packaging/gpu_check.sh .whl-gpu /tmp/rigllm-kbuild/.kbuild \
         > "$RES/gpu-check.log" 2>&1 ) &

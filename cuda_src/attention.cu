@@ -13,7 +13,8 @@
 // cache rows [0, pos + t] (pos = step[RIGLLM_STEP_POS]). The context is cut into n_splits equal chunks
 // (multiples of FLASH_SPLIT_ALIGN = 64 keys, attention_tile.cuh) computed from the current length read
 // on the device, so a launch with a fixed grid serves every length and can be captured in a CUDA graph;
-// splits with nothing to do exit at once.
+// splits with nothing to do exit at once. A decode launch may be slot-indexed (common.cuh, issue 28): token t
+// is then one row of a batched step and reads slot row_slot[t]'s caches and position instead.
 #include <cuda_fp16.h>
 #include "activations.cuh"
 #include "attention_tile.cuh"
@@ -36,15 +37,21 @@ constexpr int DECODE_KEYS = 2;
 template <int DH, int G>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const __half* __restrict__ k_cache,
                                             const __half* __restrict__ v_cache, const int* __restrict__ step,
+                                            const int* __restrict__ row_slot,
+                                            const unsigned long long* __restrict__ slot_ptrs,
                                             float* __restrict__ part_m, float* __restrict__ part_l,
                                             float* __restrict__ part_o, int capacity, int n_splits, float scale,
-                                            int share = 1) {
+                                            int share) {
     constexpr int DPL = DH / 32;  // dims per lane
     __shared__ float sh_m[DECODE_WARPS][G];
     __shared__ float sh_l[DECODE_WARPS][G];
     __shared__ float sh_o[DECODE_WARPS][G][DH];
 
-    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share, row_slot);
+    if (row_slot != nullptr) {  // a slot-indexed step: this row's sequence's cache (common.cuh)
+        k_cache = rigllm::slot_ptr<const __half>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 0);
+        v_cache = rigllm::slot_ptr<const __half>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 2);
+    }
     const int kv_head = blk.kv_head;
     int start, end;
     flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
@@ -186,9 +193,11 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 #define ATTN_DECODE_ENTRY(DH, G)                                                                           \
     extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS, 2) attn_decode_d##DH##_g##G(          \
         const float* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache, \
-        const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,             \
-        float* __restrict__ part_o, int capacity, int n_splits, float scale) {                            \
-        attn_decode<DH, G>(q, k_cache, v_cache, step, part_m, part_l, part_o, capacity, n_splits, scale);  \
+        const int* __restrict__ step, const int* __restrict__ row_slot,                                   \
+        const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m,                     \
+        float* __restrict__ part_l, float* __restrict__ part_o, int capacity, int n_splits, float scale) { \
+        attn_decode<DH, G>(q, k_cache, v_cache, step, row_slot, slot_ptrs, part_m, part_l, part_o, capacity, \
+                           n_splits, scale, 1);                                                            \
     }
 
 #define ATTN_DECODE_ENTRIES(DH) \
@@ -209,10 +218,12 @@ ATTN_DECODE_ENTRIES(256)
 #define ATTN_DECODE_ANY_GROUP_ENTRY(DH)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS, 2) attn_decode_d##DH##_gany(          \
         const float* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache, \
-        const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,             \
-        float* __restrict__ part_o, int capacity, int n_splits, float scale, int group) {                 \
-        attn_decode<DH, 1>(q, k_cache, v_cache, step, part_m, part_l, part_o, capacity, n_splits, scale,   \
-                           group);                                                                         \
+        const int* __restrict__ step, const int* __restrict__ row_slot,                                   \
+        const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m,                     \
+        float* __restrict__ part_l, float* __restrict__ part_o, int capacity, int n_splits, float scale,  \
+        int group) {                                                                                       \
+        attn_decode<DH, 1>(q, k_cache, v_cache, step, row_slot, slot_ptrs, part_m, part_l, part_o, capacity, \
+                           n_splits, scale, group);                                                        \
     }
 
 ATTN_DECODE_ANY_GROUP_ENTRY(32)

@@ -14,8 +14,29 @@
 // never bakes a position or length. Slot indices (the Python writer mirrors them):
 #define RIGLLM_STEP_POS 0       // position of the first token of this batch
 #define RIGLLM_STEP_N_TOKENS 1  // tokens in this batch
+#define RIGLLM_STEP_INTS 2      // ints of one sequence's record (a slot's record follows the previous slot's)
+
+// A slot-indexed decode step (issue 28): row t of a launch is one token of the sequence in slot row_slot[t],
+// whose step record is step + RIGLLM_STEP_INTS * slot and whose buffers of the layer are the table entries
+// slot_ptrs[slot * n + i] (engine/cuda/slot_batch.py writes them once: every slot's state stays where it was
+// allocated). So one captured graph per batch width serves any set of slots: only row_slot changes between
+// replays. row_slot == nullptr: the launch's rows are consecutive tokens of the one sequence passed directly.
+#define RIGLLM_GDN_SLOT_PTRS 2  // a GDN layer's table entries per slot: conv state, recurrent state
+#define RIGLLM_KV_SLOT_PTRS 4   // an attention layer's: K codes, K side, V codes, V side (fp16: codes only)
 
 namespace rigllm {
+
+// The step record of row t (see RIGLLM_STEP_INTS): its slot's in a slot-indexed launch, else the one passed.
+__device__ __forceinline__ const int* slot_step(const int* step, const int* __restrict__ row_slot, int t) {
+    return row_slot != nullptr ? step + RIGLLM_STEP_INTS * row_slot[t] : step;
+}
+
+// Table entry i of row t's slot (n entries per slot), as a typed pointer.
+template <typename T>
+__device__ __forceinline__ T* slot_ptr(const unsigned long long* __restrict__ slot_ptrs, const int* __restrict__ row_slot,
+                                       int t, int n, int i) {
+    return reinterpret_cast<T*>(slot_ptrs[(size_t)row_slot[t] * n + i]);
+}
 
 // Where a flash-decode block works: grid (T, n_head_kv * n_splits), block (token, KV head, split). Token t
 // of the batch (a decode step has T = 1; a speculative verify a few) sees cache rows [0, pos + t], so each
@@ -31,13 +52,15 @@ struct DecodeBlock {
 };
 
 __device__ __forceinline__ DecodeBlock decode_block(const int* __restrict__ step, int n_splits, int group,
-                                                    int capacity, int share = 1) {
+                                                    int capacity, int share, const int* __restrict__ row_slot) {
     DecodeBlock b;
     b.token = blockIdx.x;
     const int unit = blockIdx.y / n_splits;  // the block's KV head, or its query head when share > 1
     b.kv_head = unit / share;
     b.split = blockIdx.y - unit * n_splits;
-    b.kv_len = min(step[RIGLLM_STEP_POS] + 1 + b.token, capacity);
+    // a slot-indexed row is its sequence's only new token; a verify's token t sees t more rows
+    const int ahead = row_slot != nullptr ? 0 : b.token;
+    b.kv_len = min(slot_step(step, row_slot, b.token)[RIGLLM_STEP_POS] + 1 + ahead, capacity);
     b.q_row = ((size_t)b.token * (gridDim.y / n_splits) + unit) * group;
     b.first_row = b.q_row * n_splits + b.split;
     return b;

@@ -113,10 +113,19 @@ __device__ void gdn_gated_norm_head(const float* o, const float* z, const float*
 // conv_ring (null to skip; speculative verify, T <= GDN_CONV_TILE so tile 0 sees every row): also the state
 // after each of the first T-1 tokens, ring[k-1] [3][Cc] = rows k..k+2 of [old state; mix], so a rejected
 // draft's rows can be dropped by copying ring[j] back instead of re-running the accepted tokens.
+// Slot-indexed (row_slot not null, common.cuh; issue 28): grid (ceil(Cc / blockDim.x), 1, rows) with
+// n_tokens = 1: row blockIdx.z is the one new token of slot row_slot[row], whose conv state is slot_ptrs entry 0.
 extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long long mix_stride,
                                          const float* __restrict__ conv_w, float* __restrict__ conv_state,
                                          float* __restrict__ conv_out, int Cc, int n_tokens,
-                                         float* __restrict__ conv_ring) {
+                                         float* __restrict__ conv_ring, const int* __restrict__ row_slot,
+                                         const unsigned long long* __restrict__ slot_ptrs) {
+    if (row_slot != nullptr) {  // this block's row as a one-token batch of its own sequence
+        const int r = blockIdx.z;
+        mix += (size_t)r * mix_stride;
+        conv_out += (size_t)r * Cc;
+        conv_state = rigllm::slot_ptr<float>(slot_ptrs, row_slot, r, RIGLLM_GDN_SLOT_PTRS, 0);
+    }
     const int ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int t0 = blockIdx.y * GDN_CONV_TILE;
     if (ch >= Cc || t0 >= n_tokens) return;
@@ -180,12 +189,16 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // head_done must be zeroed once when allocated, and launches sharing it must not run concurrently.
 // state_ring (null to skip; speculative verify): also the state after each of the first T-1 tokens,
 // ring[t] [Hv][dk][dv], for rolling back to an accepted prefix without re-running it.
+// Slot-indexed (row_slot not null, common.cuh; issue 28): grid (Hv, ceil(dv / 16), rows) with n_tokens = 1:
+// row blockIdx.z is the one new token of slot row_slot[row] (recurrent state: slot_ptrs entry 1), with its
+// own head counters head_done[row * Hv ..].
 extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, GDN_RECURRENT_MIN_BLOCKS)
 gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride,
               const float* __restrict__ b, long long b_stride, const float* __restrict__ alpha, long long alpha_stride,
               const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
               float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* head_done, int n_tokens,
-              int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring) {
+              int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring,
+              const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs) {
     __shared__ float sq[GDN_MAX_DK];
     __shared__ float sk[GDN_MAX_DK];
     __shared__ float red[GDN_RECURRENT_ROW_GROUPS][GDN_RECURRENT_COLS];
@@ -202,7 +215,12 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
     const int c = blockIdx.y * GDN_RECURRENT_COLS + tx;
     const bool col_ok = c < dv;
     const float q_scale = 1.f / sqrtf((float)dk);
-    float* S = state + (size_t)n * dk * dv;
+    // A slot-indexed row r = blockIdx.z is token r of the launch's inputs and outputs, with its own state and
+    // head counters; otherwise blockIdx.z = 0. (Indexing by t0 + t keeps the kernel parameters unmodified:
+    // offset copies of them would live in registers, and at 64 registers they spilled.)
+    const int t0 = blockIdx.z;
+    float* S = (row_slot != nullptr ? rigllm::slot_ptr<float>(slot_ptrs, row_slot, t0, RIGLLM_GDN_SLOT_PTRS, 1) : state) +
+               (size_t)n * dk * dv;
 
     float s[GDN_RECURRENT_ROWS];
 #pragma unroll
@@ -212,7 +230,7 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
     }
 
     for (int t = 0; t < n_tokens; ++t) {
-        const float* row = conv_out + (size_t)t * Cc;
+        const float* row = conv_out + (size_t)(t0 + t) * Cc;
         float ssq = 0.f, ssk = 0.f;
         for (int r = tid; r < dk; r += blockDim.x) {
             const float qv = row[kh * dk + r];
@@ -232,8 +250,8 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         }
         __syncthreads();
 
-        const float beta = gdn_sigmoid(b[(size_t)t * b_stride + n]);
-        const float decay = expf(gdn_log_decay(ssm_a[n], alpha[(size_t)t * alpha_stride + n], dt_bias[n]));
+        const float beta = gdn_sigmoid(b[(size_t)(t0 + t) * b_stride + n]);
+        const float decay = expf(gdn_log_decay(ssm_a[n], alpha[(size_t)(t0 + t) * alpha_stride + n], dt_bias[n]));
 
         float part = 0.f;
 #pragma unroll
@@ -266,7 +284,7 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
             float o = 0.f;
 #pragma unroll
             for (int g = 0; g < GDN_RECURRENT_ROW_GROUPS; ++g) o += red[g][tx];
-            y[(size_t)t * Hv * dv + (size_t)n * dv + c] = o;
+            y[(size_t)(t0 + t) * Hv * dv + (size_t)n * dv + c] = o;
         }
         // sq and sk were last read before the barrier above; red is next written after the next block sums
         if (state_ring != nullptr && t + 1 < n_tokens) {
@@ -286,12 +304,13 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
 
     __threadfence();  // publish this block's o before it is counted
     __syncthreads();
-    if (tid == 0) is_last = atomicAdd(&head_done[n], 1u) == gridDim.y - 1;
+    unsigned int* done = head_done + (size_t)t0 * Hv + n;
+    if (tid == 0) is_last = atomicAdd(done, 1u) == gridDim.y - 1;
     __syncthreads();
     if (!is_last) return;
-    if (tid == 0) head_done[n] = 0u;
+    if (tid == 0) *done = 0u;
     __threadfence();
-    for (int t = 0; t < n_tokens; ++t) {
+    for (int t = t0; t < t0 + n_tokens; ++t) {
         const size_t at = (size_t)t * Hv * dv + (size_t)n * dv;
         gdn_gated_norm_head(y + at, z + (size_t)t * z_stride + (size_t)n * dv, norm_w, y + at,
                             yq == nullptr ? nullptr : yq + at, yd == nullptr ? nullptr : yd + at / 32, dv, eps,

@@ -11,7 +11,8 @@
 //
 // Step buffer, split ranges and partial layouts are attention.cu's (see there): token t of a batch at
 // pos = step[RIGLLM_STEP_POS] sees cache rows [0, pos + t]; grids depend only on batch size and split
-// count, so decode launches can be captured in a CUDA graph.
+// count, so decode launches can be captured in a CUDA graph. Append and decode may be slot-indexed (common.cuh,
+// issue 28): row t then writes or reads slot row_slot[t]'s cache at that slot's position.
 #include <cuda_fp16.h>
 #include "common.cuh"
 #include "decode_merge.cuh"
@@ -29,13 +30,20 @@ constexpr int KV_ENCODE_THREADS = 128;
 
 template <int C>
 __device__ __forceinline__ void kv_encode(const __half* __restrict__ src, int src_rows, const int* __restrict__ step,
+                                          const int* __restrict__ row_slot,
+                                          const unsigned long long* __restrict__ slot_ptrs,
                                           unsigned char* __restrict__ codes, __half* __restrict__ side,
                                           int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
     __shared__ float buf[kv::BLOCK];
     __shared__ float warp_part[KV_ENCODE_THREADS / 32];
     const int t = blockIdx.x / n_head_kv;
     const int head = blockIdx.x - t * n_head_kv;
-    const int row = step[RIGLLM_STEP_POS] + t;
+    int row = step[RIGLLM_STEP_POS] + t;
+    if (row_slot != nullptr) {  // slot-indexed (common.cuh): slot_ptrs points at this side's codes, side pair
+        row = rigllm::slot_step(step, row_slot, t)[RIGLLM_STEP_POS];
+        codes = rigllm::slot_ptr<unsigned char>(slot_ptrs, row_slot, t, RIGLLM_KV_SLOT_PTRS, 0);
+        side = rigllm::slot_ptr<__half>(slot_ptrs, row_slot, t, RIGLLM_KV_SLOT_PTRS, 1);
+    }
     if (row >= capacity) return;
     const __half* x = src + ((size_t)head * src_rows + t) * head_dim;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -88,19 +96,22 @@ __device__ __forceinline__ void kv_encode(const __half* __restrict__ src, int sr
 }
 
 extern "C" __global__ void __launch_bounds__(KV_ENCODE_THREADS) kv_encode_int8(
-    const __half* __restrict__ src, int src_rows, const int* __restrict__ step, unsigned char* __restrict__ codes,
-    __half* __restrict__ side, int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
-    kv_encode<kv::INT8>(src, src_rows, step, codes, side, n_head_kv, head_dim, capacity, tables);
+    const __half* __restrict__ src, int src_rows, const int* __restrict__ step, const int* __restrict__ row_slot,
+    const unsigned long long* __restrict__ slot_ptrs, unsigned char* __restrict__ codes, __half* __restrict__ side,
+    int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
+    kv_encode<kv::INT8>(src, src_rows, step, row_slot, slot_ptrs, codes, side, n_head_kv, head_dim, capacity, tables);
 }
 extern "C" __global__ void __launch_bounds__(KV_ENCODE_THREADS) kv_encode_wht4(
-    const __half* __restrict__ src, int src_rows, const int* __restrict__ step, unsigned char* __restrict__ codes,
-    __half* __restrict__ side, int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
-    kv_encode<kv::WHT4>(src, src_rows, step, codes, side, n_head_kv, head_dim, capacity, tables);
+    const __half* __restrict__ src, int src_rows, const int* __restrict__ step, const int* __restrict__ row_slot,
+    const unsigned long long* __restrict__ slot_ptrs, unsigned char* __restrict__ codes, __half* __restrict__ side,
+    int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
+    kv_encode<kv::WHT4>(src, src_rows, step, row_slot, slot_ptrs, codes, side, n_head_kv, head_dim, capacity, tables);
 }
 extern "C" __global__ void __launch_bounds__(KV_ENCODE_THREADS) kv_encode_wht3(
-    const __half* __restrict__ src, int src_rows, const int* __restrict__ step, unsigned char* __restrict__ codes,
-    __half* __restrict__ side, int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
-    kv_encode<kv::WHT3>(src, src_rows, step, codes, side, n_head_kv, head_dim, capacity, tables);
+    const __half* __restrict__ src, int src_rows, const int* __restrict__ step, const int* __restrict__ row_slot,
+    const unsigned long long* __restrict__ slot_ptrs, unsigned char* __restrict__ codes, __half* __restrict__ side,
+    int n_head_kv, int head_dim, int capacity, const float* __restrict__ tables) {
+    kv_encode<kv::WHT3>(src, src_rows, step, row_slot, slot_ptrs, codes, side, n_head_kv, head_dim, capacity, tables);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -137,9 +148,10 @@ __host__ __device__ constexpr int kv_decode_keys(int group) { return group <= 4 
 
 template <int KC, int VC, int DH, int G>
 __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<KC, DH> k_side, kv::Side<VC, DH> v_side,
-                                          const int* __restrict__ step, float* __restrict__ part_m,
+                                          const int* __restrict__ step, const int* __restrict__ row_slot,
+                                          const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m,
                                           float* __restrict__ part_l, float* __restrict__ part_o, int n_splits,
-                                          float scale, const float* __restrict__ tables, int share = 1) {
+                                          float scale, const float* __restrict__ tables, int share) {
     constexpr int DWK = kv::domain(KC, DH), DWV = kv::domain(VC, DH);
     constexpr int KPL = DWK / 32, VPL = DWV / 32;
     constexpr int KEYS = kv_decode_keys(G);
@@ -149,7 +161,13 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
     __shared__ float k_centroids[16], v_centroids[16], signs[kv::BLOCK];
 
     const int capacity = k_side.capacity;
-    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share, row_slot);
+    if (row_slot != nullptr) {  // a slot-indexed step: this row's sequence's cache (common.cuh)
+        k_side.codes = rigllm::slot_ptr<const unsigned char>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 0);
+        k_side.side = rigllm::slot_ptr<const __half>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 1);
+        v_side.codes = rigllm::slot_ptr<const unsigned char>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 2);
+        v_side.side = rigllm::slot_ptr<const __half>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 3);
+    }
     const int kv_head = blk.kv_head;
     int start, end;
     flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
@@ -286,16 +304,18 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
 // ---------------------------------------------------------------------------------------------
 // Entry points, one per (format, Dh[, G]): kv_decode_<fmt>_d<Dh>_g<G> (grid (T, n_head_kv * n_splits), block
 // 128) and kv_prefill_<fmt>_d<Dh> (grid ceil(T*G/64) * n_head_kv * n_splits, block 256). Arguments: q in
-// the K domain; K codes/side, V codes/side; step; partials; then the sizes; `tables` last.
+// the K domain; K codes/side, V codes/side; step, row_slot and slot_ptrs (a slot-indexed step, common.cuh; null
+// otherwise); partials; then the sizes; `tables` last.
 #define KV_DECODE_ENTRY(FMT, KC, VC, DH, G)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * KV_DECODE_WARPS, 2) kv_decode_##FMT##_d##DH##_g##G(      \
         const float* __restrict__ q, const unsigned char* __restrict__ k_codes, const __half* __restrict__ k_side, \
         const unsigned char* __restrict__ v_codes, const __half* __restrict__ v_side,                          \
-        const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,                  \
+        const int* __restrict__ step, const int* __restrict__ row_slot,                                        \
+        const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m, float* __restrict__ part_l, \
         float* __restrict__ part_o, int capacity, int n_splits, float scale, const float* __restrict__ tables) { \
         kv_decode<KC, VC, DH, G>(q, kv::Side<KC, DH>{k_codes, k_side, capacity},                               \
-                                 kv::Side<VC, DH>{v_codes, v_side, capacity}, step, part_m, part_l, part_o,    \
-                                 n_splits, scale, tables);                                                     \
+                                 kv::Side<VC, DH>{v_codes, v_side, capacity}, step, row_slot, slot_ptrs,       \
+                                 part_m, part_l, part_o, n_splits, scale, tables, 1);                          \
     }
 
 // Any other group size (see attention.cu's attn_decode_d<Dh>_gany): kv_decode_<fmt>_d<Dh>_gany, grid
@@ -304,12 +324,13 @@ __device__ __forceinline__ void kv_prefill(const float* __restrict__ q, kv::Side
     extern "C" __global__ void __launch_bounds__(32 * KV_DECODE_WARPS, 2) kv_decode_##FMT##_d##DH##_gany(      \
         const float* __restrict__ q, const unsigned char* __restrict__ k_codes, const __half* __restrict__ k_side, \
         const unsigned char* __restrict__ v_codes, const __half* __restrict__ v_side,                          \
-        const int* __restrict__ step, float* __restrict__ part_m, float* __restrict__ part_l,                  \
+        const int* __restrict__ step, const int* __restrict__ row_slot,                                        \
+        const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m, float* __restrict__ part_l, \
         float* __restrict__ part_o, int capacity, int n_splits, float scale, const float* __restrict__ tables,  \
         int group) {                                                                                           \
         kv_decode<KC, VC, DH, 1>(q, kv::Side<KC, DH>{k_codes, k_side, capacity},                               \
-                                 kv::Side<VC, DH>{v_codes, v_side, capacity}, step, part_m, part_l, part_o,    \
-                                 n_splits, scale, tables, group);                                              \
+                                 kv::Side<VC, DH>{v_codes, v_side, capacity}, step, row_slot, slot_ptrs,       \
+                                 part_m, part_l, part_o, n_splits, scale, tables, group);                      \
     }
 
 #define KV_PREFILL_ENTRY(FMT, KC, VC, DH)                                                                      \

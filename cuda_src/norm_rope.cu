@@ -91,12 +91,16 @@ __device__ __forceinline__ float rope_rotate(const float* xs, int d, int rope_di
 // capacity are dropped; the planner sizes the cache so that never happens). With stage_rows > 0 the
 // rows go instead to a staging buffer [n_head_kv][stage_rows][Dh] at rows 0..T-1, which kv_encode
 // then writes into a quantised cache (kv_cache.cu).
+// Slot-indexed (row_slot not null, common.cuh; issue 28): token t is the one new token of slot row_slot[t],
+// at that slot's step record, rope positions `positions + 3 * slot` ([slot][3]) and fp16 cache (slot_ptrs
+// entries 0 and 2; unused when staging).
 extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride,
                                      const float* __restrict__ k, int k_stride,
                                      const float* __restrict__ v, int v_stride,
                                      const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                      const float* __restrict__ inv_freq, const int* __restrict__ positions,
-                                     const int* __restrict__ step, float* __restrict__ q_out,
+                                     const int* __restrict__ step, const int* __restrict__ row_slot,
+                                     const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ q_out,
                                      __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                      int n_head, int n_head_kv, int rope_dims, int sec_h, int sec_w,
                                      int capacity, float eps, int stage_rows) {
@@ -116,19 +120,23 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride
     x = (x * inv) * (is_q ? q_norm : k_norm)[d];
     xs[d] = x;
     __syncthreads();
-    const int pos = step[RIGLLM_STEP_POS];
-    if (d < rope_dims) {
-        x = rope_rotate(xs, d, rope_dims, sec_h, sec_w, inv_freq,
-                        positions != nullptr ? positions + 3 * t : nullptr, pos + t);
-    }
+    // the token's cache row and rope positions: the sequence's t-th new token, or its slot's only one
+    const int ahead = row_slot != nullptr ? 0 : t;
+    const int pos = rigllm::slot_step(step, row_slot, t)[RIGLLM_STEP_POS] + ahead;
+    const int* tpos = positions == nullptr ? nullptr : positions + 3 * (row_slot != nullptr ? row_slot[t] : t);
+    if (d < rope_dims) x = rope_rotate(xs, d, rope_dims, sec_h, sec_w, inv_freq, tpos, pos);
     if (is_q) {
         q_out[((size_t)t * n_head + j) * head_dim + d] = x;
         return;
     }
-    const int slot = stage_rows > 0 ? t : pos + t;
+    const int row = stage_rows > 0 ? t : pos;
     const int rows = stage_rows > 0 ? stage_rows : capacity;
-    if (slot < rows) {
-        const size_t off = ((size_t)kv_head * rows + slot) * head_dim + d;
+    if (row_slot != nullptr && stage_rows == 0) {
+        k_cache = rigllm::slot_ptr<__half>(slot_ptrs, row_slot, t, RIGLLM_KV_SLOT_PTRS, 0);
+        v_cache = rigllm::slot_ptr<__half>(slot_ptrs, row_slot, t, RIGLLM_KV_SLOT_PTRS, 2);
+    }
+    if (row < rows) {
+        const size_t off = ((size_t)kv_head * rows + row) * head_dim + d;
         k_cache[off] = __float2half_rn(x);
         v_cache[off] = __float2half_rn(v[(size_t)t * v_stride + (size_t)kv_head * head_dim + d]);
     }

@@ -8,6 +8,9 @@ same launches. Shapes, in the kernels' terms:
   staging  fp16 [n_head_kv][stage_rows][Dh]: the batch's new K (or V) rows, row t = token t
   partials fp32 part_m/part_l [T*n_head][n_splits], part_o [T*n_head][n_splits][Dh]
 Per-step values (position) come from the `step` buffer, so decode grids never depend on the position.
+Prep, append and decode also run slot-indexed (`slots`, engine.cuda.slot_batch): token t is then the one
+new token of slot row_slot[t], whose step record, rope positions and cache the kernel looks up, with
+`step` the base of every slot's records and the cache arguments unused.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, KVSide
+from engine.cuda.slot_batch import SlotRows, slot_args
 from engine.errors import RigllmError
 from engine.model.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
 
@@ -123,26 +127,30 @@ class RopeArgs:
 
 def attn_prep(card: CudaCard, dims: AttnDims, qg: DeviceBuffer, qg_stride: int, k: DeviceBuffer, k_stride: int,
               v: DeviceBuffer, v_stride: int, q_norm: DeviceBuffer, k_norm: DeviceBuffer, rope: RopeArgs,
-              positions: DeviceBuffer | None, step: DeviceBuffer, q_out: DeviceBuffer, k_dst: DeviceBuffer,
-              v_dst: DeviceBuffer, n_tokens: int, capacity: int, eps: float, stage_rows: int = 0) -> None:
+              positions: DeviceBuffer | None, step: DeviceBuffer, q_out: DeviceBuffer, k_dst: DeviceBuffer | None,
+              v_dst: DeviceBuffer | None, n_tokens: int, capacity: int, eps: float, stage_rows: int = 0,
+              slots: SlotRows | None = None) -> None:
     """q/k RMSNorm + RoPE; q → q_out, K and V as fp16 into the cache at rows pos.. (k_dst/v_dst = the fp16
-    cache) or, with stage_rows > 0, into staging rows 0.. for `kv_encode` (k_dst/v_dst = staging)."""
+    cache) or, with stage_rows > 0, into staging rows 0.. for `kv_encode` (k_dst/v_dst = staging).
+    Slot-indexed, `positions` is every slot's [slot][3] rope positions and k_dst/v_dst are None unless staging."""
     card.kernel("attn_prep").launch(
         n_tokens * (dims.n_head + dims.n_head_kv), dims.head_dim, qg, np.int32(qg_stride), k, np.int32(k_stride),
-        v, np.int32(v_stride), q_norm, k_norm, rope.inv_freq, positions, step, q_out, k_dst, v_dst,
+        v, np.int32(v_stride), q_norm, k_norm, rope.inv_freq, positions, step, *slot_args(slots), q_out, k_dst, v_dst,
         np.int32(dims.n_head), np.int32(dims.n_head_kv), np.int32(rope.rope_dims), np.int32(rope.sec_h),
         np.int32(rope.sec_w), np.int32(capacity), np.float32(eps), np.int32(stage_rows),
     )
 
 
 # ---- fp16 cache (attention.cu) --------------------------------------------------------------------
-def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer, v_cache: DeviceBuffer,
-                    step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int, n_tokens: int = 1) -> None:
+def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: DeviceBuffer | None,
+                    v_cache: DeviceBuffer | None, step: DeviceBuffer, parts: Partials, capacity: int, n_splits: int,
+                    n_tokens: int = 1, slots: SlotRows | None = None) -> None:
     """Flash decode of n_tokens new tokens, each on its own (common.cuh's decode_block): a decode step, or
-    a short verify whose token t then gets exactly the partials a one-token decode at pos + t would."""
+    a short verify whose token t then gets exactly the partials a one-token decode at pos + t would, or
+    (`slots`, caches None) one token of each row's slot."""
     name, blocks, tail = _decode_launch("attn_decode", dims, F16_DECODE_GROUPS, n_splits)
     card.kernel(name).launch(
-        (n_tokens, blocks), DECODE_THREADS, q, k_cache, v_cache, step, *parts.args(),
+        (n_tokens, blocks), DECODE_THREADS, q, k_cache, v_cache, step, *slot_args(slots), *parts.args(),
         np.int32(capacity), np.int32(n_splits), dims.scale, *tail,
     )
 
@@ -170,14 +178,26 @@ def attn_merge_gate(card: CudaCard, dims: AttnDims, parts: Partials, n_tokens: i
 
 # ---- quantised cache (kv_cache.cu) ----------------------------------------------------------------
 def kv_encode(card: CudaCard, side: KVSide, staging: DeviceBuffer, stage_rows: int, step: DeviceBuffer,
-              n_tokens: int, n_head_kv: int, head_dim: int, capacity: int, tables: DeviceBuffer) -> None:
-    """Encode the batch's staged rows of one side into cache rows pos..pos+T-1 (pos from `step`)."""
+              n_tokens: int, n_head_kv: int, head_dim: int, capacity: int, tables: DeviceBuffer,
+              slots: SlotRows | None = None) -> None:
+    """Encode the batch's staged rows of one side into cache rows pos..pos+T-1 (pos from `step`). Slot-indexed,
+    `side` only names the codec (any slot's side of this layer) and `slots.table` must start at this side's
+    (codes, side) entry pair: the layer's table for K, 16 bytes into it for V (`side_rows`)."""
     if side.codec == FP16 or side.side is None:
         raise RigllmError("fp16 cache rows are written by attn_prep, not kv_encode")
+    codes, planes = (side.codes, side.side) if slots is None else (None, None)
     card.kernel(f"kv_encode_{side.codec.name}").launch(
-        n_tokens * n_head_kv, ENCODE_THREADS, staging, np.int32(stage_rows), step, side.codes, side.side,
+        n_tokens * n_head_kv, ENCODE_THREADS, staging, np.int32(stage_rows), step, *slot_args(slots), codes, planes,
         np.int32(n_head_kv), np.int32(head_dim), np.int32(capacity), tables,
     )
+
+
+def side_rows(slots: SlotRows, value_side: bool) -> SlotRows:
+    """`slots` for kv_encode of the K side (the layer's table as is) or the V side (its entries 2 and 3 first)."""
+    if not value_side:
+        return slots
+    table = slots.table
+    return SlotRows(slots.row_slot, table.view(16, table.nbytes - 16))
 
 
 def rotate_q(card: CudaCard, q: DeviceBuffer, q_rot: DeviceBuffer, n_rows: int, head_dim: int,
@@ -187,12 +207,15 @@ def rotate_q(card: CudaCard, q: DeviceBuffer, q_rot: DeviceBuffer, n_rows: int, 
 
 
 def kv_decode(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVLayerCache, step: DeviceBuffer,
-              parts: Partials, n_splits: int, tables: DeviceBuffer, n_tokens: int = 1) -> None:
-    """attn_decode_f16 over a quantised cache."""
+              parts: Partials, n_splits: int, tables: DeviceBuffer, n_tokens: int = 1,
+              slots: SlotRows | None = None) -> None:
+    """attn_decode_f16 over a quantised cache. Slot-indexed, `cache` only names the format and capacity (any
+    slot's cache of this layer): each row reads its own slot's."""
     name, blocks, tail = _decode_launch(f"kv_decode_{kernel_format(cache.format)}", dims, KV_DECODE_GROUPS, n_splits)
+    planes = ((cache.k.codes, cache.k.side, cache.v.codes, cache.v.side) if slots is None else (None,) * 4)
     card.kernel(name).launch(
-        (n_tokens, blocks), DECODE_THREADS, q_domain, cache.k.codes, cache.k.side, cache.v.codes, cache.v.side,
-        step, *parts.args(), np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables, *tail,
+        (n_tokens, blocks), DECODE_THREADS, q_domain, *planes, step, *slot_args(slots), *parts.args(),
+        np.int32(cache.capacity), np.int32(n_splits), dims.scale, tables, *tail,
     )
 
 

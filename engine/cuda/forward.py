@@ -12,10 +12,11 @@ Image prompts (spec §9.5-9.6): a pass may replace some rows' token embeddings b
 tower's output for the image pads; first card only) and give attention per-token (t, h, w) rope
 positions in a device buffer (`positions` [T][3] int32) instead of the text positions `pos + t`.
 
-Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_batch`
+Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_slots`
 one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
 B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
-GDN with its state) run row by row on each sequence's own state. `run_verify` is `run` for a
+GDN with its state) run slot-indexed (engine.cuda.slot_batch): one launch per kernel for all B rows,
+each row reading and advancing its own slot's state. `run_verify` is `run` for a
 speculative verify (T <= 8 tokens through the GEMV path): logits and normed hidden rows for every
 token, the GDN states after each token kept in rings for the rollback, attention splits sized for the
 capacity so that a captured verify graph replays at any position.
@@ -39,7 +40,7 @@ import numpy as np
 
 from engine.cuda.attention_kernels import (
     MAX_PREFILL_SPLITS, AttnDims, RopeArgs, alloc_partials, attn_decode_f16, attn_merge_gate, attn_prefill_f16,
-    attn_prep, decode_splits, kernel_format, kv_decode, kv_encode, kv_prefill, prefill_splits, rotate_q,
+    attn_prep, decode_splits, kernel_format, kv_decode, kv_encode, kv_prefill, prefill_splits, rotate_q, side_rows,
 )
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
@@ -47,6 +48,7 @@ from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counte
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activations, quantize_q8_1
 from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
+from engine.cuda.slot_batch import SlotBatch
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.weights import AttentionWeights, GdnWeights, LayerWeights, ModelWeights
 from engine.reference.hidden_trace import HiddenTrace
@@ -94,7 +96,7 @@ class ForwardPass:
             self.conv_out = card.alloc(F32 * max_tokens * c.ssm_conv_dim, "gdn.conv_out")
             self.gdn_y = card.alloc(F32 * max_tokens * c.ssm_d_inner, "gdn.y")
             self.gdn_dims = GdnDims.from_config(cfg)
-            self.head_done = alloc_head_counters(card, self.gdn_dims, "gdn.head_done")
+            self.head_done = alloc_head_counters(card, self.gdn_dims, "gdn.head_done", rows=MAX_GEMV_TOKENS)
         if c.attention_layers:
             self.dims = AttnDims(c.n_head, c.n_head_kv, c.head_dim)
             sections = c.rope_sections
@@ -154,7 +156,7 @@ class ForwardPass:
         `positions`: the tokens' (t, h, w) rope positions ([n][3] int32, e.g. `self.positions`), None for
         text positions; `embedded`: (first row, fp32 [k][D] rows) that replace those rows' token embeddings."""
         cfg = self.cfg
-        self._layers(n, [seq], [positions], embedded)
+        self._layers(n, seq, positions, embedded)
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
@@ -171,7 +173,7 @@ class ForwardPass:
             raise ValueError(f"a verify runs 1..{MAX_GEMV_TOKENS} tokens on a card holding the whole model")
         self._rings, self._anywhere = rings, True
         try:
-            self._layers(n, [seq], [None])  # speculation runs on text positions only
+            self._layers(n, seq, None)  # speculation runs on text positions only
         finally:
             self._rings, self._anywhere = None, False
         x = self.q8[cfg.d_model]
@@ -183,44 +185,45 @@ class ForwardPass:
         `seq`'s cache of that block; attention splits are sized for the capacity (a graph replays anywhere)."""
         self._anywhere = True
         try:
-            self._layer(i, layer, n, [seq], [None])
+            self._layer(i, layer, n, seq, None)
         finally:
             self._anywhere = False
 
-    def run_batch(self, seqs: list[DeviceSequence], positions: Sequence[DeviceBuffer | None] | None = None) -> None:
-        """One token per sequence (row b of `ids` continues seqs[b], each at its own `step`, which must say
-        n_tokens = 1); the logits of row b → `logits_row(b)`. `positions[b]`: row b's (t, h, w) rope
-        position (3 int32 on the card) or None for its text position."""
-        n, cfg = len(seqs), self.cfg
+    def run_slots(self, n: int, batch: SlotBatch) -> None:
+        """One token per row: row b of `ids` (or of `h` on a later card) continues the sequence in slot
+        `batch.row_slot[b]`, at that slot's step record and rope position; the logits of row b →
+        `logits_row(b)`. The rows' slots are read on the card, so a captured pass serves any set of slots."""
+        cfg = self.cfg
         if not 1 <= n <= MAX_GEMV_TOKENS:
             raise ValueError(f"a batched step holds 1..{MAX_GEMV_TOKENS} sequences, not {n}")
-        self._layers(n, seqs, list(positions) if positions is not None else [None] * n)
+        self._layers(n, batch, None)
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
         self._norm(self.h, self.w.output_norm, x, n)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
-    def _layers(self, n: int, seqs: list[DeviceSequence], positions: list[DeviceBuffer | None],
+    def _layers(self, n: int, owner: DeviceSequence | SlotBatch, positions: DeviceBuffer | None,
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         if self.embeds:
             embed(self.card, self.w.token_embd, self.ids, self.h, n)
             for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers
                 _rows(self.h, self.cfg.d_model, first, len(block)).upload(np.asarray(block, np.float32))
         for i, layer in zip(self.w.span, self.w.layers):
-            self._layer(i, layer, n, seqs, positions)
+            self._layer(i, layer, n, owner, positions)
 
-    def _layer(self, i: int, layer: LayerWeights, n: int, seqs: list[DeviceSequence],
-               positions: list[DeviceBuffer | None]) -> None:
-        """`seqs`: one sequence owning all n rows, or n sequences owning one row each; `positions` one per sequence."""
+    def _layer(self, i: int, layer: LayerWeights, n: int, owner: DeviceSequence | SlotBatch,
+               positions: DeviceBuffer | None) -> None:
+        """`owner`: one sequence owning all n rows (at `positions`, or its text positions when None), or a
+        slot batch whose row b is one token of its own slot's sequence."""
         x = self.q8[self.cfg.d_model]
         traced = self._traced_rows()
         self._norm(self.h, layer.mixer.attn_norm, x, n, y=traced)
         self._record(i, "norm", traced, n)
         if isinstance(layer.mixer, GdnWeights):
-            self._gdn(i, layer.mixer, x, n, seqs)
+            self._gdn(i, layer.mixer, x, n, owner)
         else:
-            self._attention(i, layer.mixer, x, n, seqs, positions)
+            self._attention(i, layer.mixer, x, n, owner, positions)
         self._record(i, "mixer", self.h, n)
         f = layer.ffn
         self._norm(self.h, f.post_attention_norm, x, n)
@@ -250,51 +253,43 @@ class ForwardPass:
         self.card.stream.synchronize()
         self.trace.record(i, step, rows.download(np.float32, (n, self.cfg.d_model)))
 
-    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence]) -> None:
+    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch) -> None:
         c = self.cfg
         self._matmul(w.in_proj, x, self.proj, n)
         widths = (c.ssm_conv_dim, c.ssm_d_inner, c.ssm_n_v_heads, c.ssm_n_v_heads)
-        segments = [self._segment(w.in_proj, s, n) for s in range(4)]
+        inputs = GdnInputs(*(Rows(self._segment(w.in_proj, s, n), widths[s]) for s in range(4)))
         y = self.q8[c.ssm_d_inner]
         fused_q8 = c.ssm_d_head_v % 32 == 0  # the fused Q8_1 output needs whole 32-blocks per head
-        for row, tokens, seq in self._row_groups(n, seqs):
-            inputs = GdnInputs(*(Rows(_rows(segments[s], widths[s], row, tokens), widths[s]) for s in range(4)))
-            gdn_mixer(self.card, self.gdn_dims, w, seq.gdn[i], inputs, self.conv_out,
-                      _rows(self.gdn_y, c.ssm_d_inner, row, tokens), self.head_done, tokens, c.rms_eps,
-                      y_q8=_q8_rows(y, row, tokens) if fused_q8 else None,
-                      ring=self._rings[i] if self._rings is not None else None)
+        state, slots = (None, owner.rows(i)) if isinstance(owner, SlotBatch) else (owner.gdn[i], None)
+        gdn_mixer(self.card, self.gdn_dims, w, state, inputs, self.conv_out, self.gdn_y, self.head_done, n, c.rms_eps,
+                  y_q8=y if fused_q8 else None, ring=self._rings[i] if self._rings is not None else None, slots=slots)
         if not fused_q8:
             quantize_q8_1(self.card, self.gdn_y, y, n)
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
 
-    @staticmethod
-    def _row_groups(n: int, seqs: list[DeviceSequence]) -> list[tuple[int, int, DeviceSequence]]:
-        """(first row, rows, sequence) for each sequence's share of the n rows."""
-        if len(seqs) == 1:
-            return [(0, n, seqs[0])]
-        if len(seqs) != n:
-            raise ValueError(f"{len(seqs)} sequences cannot share {n} rows (one row each, or all to one)")
-        return [(b, 1, seq) for b, seq in enumerate(seqs)]
-
-    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, seqs: list[DeviceSequence],
-                   positions: list[DeviceBuffer | None]) -> None:
+    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch,
+                   positions: DeviceBuffer | None) -> None:
         c = self.cfg
         self._matmul(w.qkv, x, self.proj, n)
         qg, k, v = (self._segment(w.qkv, s, n) for s in range(3))
         xo = self.q8[c.q_dim]
-        for (row, tokens, seq), pos in zip(self._row_groups(n, seqs), positions, strict=True):
-            self._attend(seq, seq.kv[i], w, _rows(qg, 2 * c.q_dim, row, tokens), _rows(k, c.kv_dim, row, tokens),
-                         _rows(v, c.kv_dim, row, tokens), _q8_rows(xo, row, tokens), tokens, pos,
-                         layer=None if self._anywhere else i)  # a graph-captured verify never goes sparse
+        if isinstance(owner, SlotBatch):
+            splits = self._attend_slots(i, owner, w, qg, k, v, n)
+        else:
+            splits = self._attend(owner, owner.kv[i], w, qg, k, v, n, positions,
+                                  layer=None if self._anywhere else i)  # a graph-captured verify never goes sparse
+        attn_merge_gate(self.card, self.dims, self.parts, n, splits,
+                        qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim), 2 * c.q_dim, 2 * c.head_dim, None,
+                        xo.xq, xo.xd)
         self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
 
     def _attend(self, seq: DeviceSequence, cache: KVLayerCache, w: AttentionWeights, qg: DeviceBuffer,
-                k: DeviceBuffer, v: DeviceBuffer, xo: Q8Activations, n: int, positions: DeviceBuffer | None,
-                layer: int | None = None) -> None:
-        """Gated attention of one sequence's n tokens: prep (norms, RoPE at `positions` or the text positions,
-        KV append), flash attention over its cache, merge with the sigmoid gate into Q8_1 rows `xo`. `layer`
-        picks the sparse profile's patterns for a prefill chunk (`self.sparse`, whose grids are sized on the
-        host, so never inside a captured graph); None (or no profile) is dense."""
+                k: DeviceBuffer, v: DeviceBuffer, n: int, positions: DeviceBuffer | None,
+                layer: int | None = None) -> int:
+        """Attention of one sequence's n tokens into the split partials, whose count it returns: prep (norms,
+        RoPE at `positions` or the text positions, KV append), flash attention over its cache. `layer` picks
+        the sparse profile's patterns for a prefill chunk (`self.sparse`, whose grids are sized on the host,
+        so never inside a captured graph); None (or no profile) is dense."""
         c, card, dims = self.cfg, self.card, self.dims
         quantised = self.kv != F16_FORMAT
         k_dst, v_dst = (self.stage_k, self.stage_v) if quantised else (cache.k.codes, cache.v.codes)
@@ -325,8 +320,33 @@ class ForwardPass:
                 self.sparse.attend(layer, q, cache, seq.step, self.parts, seq.next_position, n, splits, self.kv_tables)
             else:
                 kv_prefill(card, dims, q, cache, seq.step, self.parts, n, splits, self.kv_tables)
-        attn_merge_gate(card, dims, self.parts, n, splits, qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim),
-                        2 * c.q_dim, 2 * c.head_dim, None, xo.xq, xo.xd)
+        return splits
+
+    def _attend_slots(self, i: int, batch: SlotBatch, w: AttentionWeights, qg: DeviceBuffer, k: DeviceBuffer,
+                      v: DeviceBuffer, n: int) -> int:
+        """`_attend` of layer i for a slot batch: row b is one decode token of slot row_slot[b] (slot-indexed
+        launches: each row appends to and attends over its own slot's cache)."""
+        c, card, dims = self.cfg, self.card, self.dims
+        slots, like = batch.rows(i), batch.like.kv[i]  # any slot's cache: the format and capacity
+        quantised = self.kv != F16_FORMAT
+        stage = (self.stage_k, self.stage_v) if quantised else (None, None)
+        attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, batch.rope,
+                  batch.steps, self.q_out, *stage, n, like.capacity, c.rms_eps,
+                  stage_rows=self.max_tokens if quantised else 0, slots=slots)
+        splits = self._attention_splits(n, True, like.capacity)
+        if not quantised:
+            attn_decode_f16(card, dims, self.q_out, None, None, batch.steps, self.parts, like.capacity, splits, n,
+                            slots=slots)
+        else:
+            for value_side, (side, staged) in enumerate(((like.k, self.stage_k), (like.v, self.stage_v))):
+                kv_encode(card, side, staged, self.max_tokens, batch.steps, n, c.n_head_kv, c.head_dim, like.capacity,
+                          self.kv_tables, slots=side_rows(slots, bool(value_side)))
+            q = self.q_out
+            if self.q_rot is not None:
+                rotate_q(card, self.q_out, self.q_rot, n * c.n_head, c.head_dim, self.kv_tables)
+                q = self.q_rot
+            kv_decode(card, dims, q, like, batch.steps, self.parts, splits, self.kv_tables, n, slots=slots)
+        return splits
 
     def _attention_splits(self, n: int, few: bool, kv_len: int) -> int:
         """Context splits of one attention launch. A few tokens (decode steps, speculative verifies, the MTP
@@ -343,10 +363,3 @@ class ForwardPass:
 def _rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:
     """Rows [first, first + count) of a [T][width] fp32 matrix."""
     return buf.view(F32 * first * width, F32 * count * width)
-
-
-def _q8_rows(x: Q8Activations, first: int, count: int) -> Q8Activations:
-    """Rows [first, first + count) of Q8_1 activations."""
-    blocks = x.k // 32
-    return Q8Activations(x.xq.view(first * x.k, count * x.k), x.xd.view(F32 * first * blocks, F32 * count * blocks),
-                         x.k, count)

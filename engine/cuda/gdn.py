@@ -26,6 +26,7 @@ from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
 from engine.cuda.gemv import Q8Activations
 from engine.cuda.q8_layout import QK
 from engine.cuda.sequence import GdnState
+from engine.cuda.slot_batch import SlotRows, slot_args
 from engine.gguf.config import ModelConfig
 
 # Mirrors of the #defines in gdn.cu (a unit test checks them against the source).
@@ -99,10 +100,11 @@ class GdnConstants(Protocol):
     def ssm_norm(self) -> DeviceBuffer: ...  # [dv]
 
 
-def alloc_head_counters(card: CudaCard, dims: GdnDims, label: str) -> DeviceBuffer:
-    """The recurrent kernel's per-head arrival counters (uint32 [Hv], zeroed; every launch leaves them zero).
-    Launches that share one set must not run concurrently: give each stream its own."""
-    counters = card.alloc(4 * dims.n_v_heads, label)
+def alloc_head_counters(card: CudaCard, dims: GdnDims, label: str, rows: int = 1) -> DeviceBuffer:
+    """The recurrent kernel's per-head arrival counters (uint32 [rows][Hv], zeroed; every launch leaves them
+    zero): one set per row of a slot-indexed launch. Launches that share them must not run concurrently:
+    give each stream its own."""
+    counters = card.alloc(4 * dims.n_v_heads * rows, label)
     counters.fill_zero()
     return counters
 
@@ -192,45 +194,60 @@ def _q8_args(
     return y_q8.xq, y_q8.xd
 
 
+def _one_state(state: GdnState | None, slots: SlotRows | None, ring: GdnRing | None) -> None:
+    """A launch continues either one sequence's `state` or, slot-indexed, one state per row (no ring)."""
+    if (state is None) == (slots is None) or (slots is not None and ring is not None):
+        raise ValueError("a GDN launch takes one sequence's state, or slot rows (without a ring)")
+
+
 def gdn_conv_silu(
-    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, mix: Rows, conv_out: DeviceBuffer,
-    n_tokens: int, stream: Stream | None = None, ring: GdnRing | None = None,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, mix: Rows, conv_out: DeviceBuffer,
+    n_tokens: int, stream: Stream | None = None, ring: GdnRing | None = None, slots: SlotRows | None = None,
 ) -> None:
     """conv_out [T][Cc] = SiLU(causal conv of mix after the conv state); the conv state advances by T rows
-    (and `ring` gets the states after the first T-1 of them)."""
+    (and `ring` gets the states after the first T-1 of them). With `slots` (engine.cuda.slot_batch) row t
+    is instead the one new token of its slot's sequence, whose own conv state advances."""
     _check_tokens(n_tokens)
+    _one_state(state, slots, ring)
     if ring is not None:
         ring.check(state, n_tokens)
     mix.check("mix", dims.cc, n_tokens)
     _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
-    grid = (-(-dims.cc // CONV_THREADS), -(-n_tokens // CONV_TILE))
+    blocks = -(-dims.cc // CONV_THREADS)
+    grid = (blocks, 1, n_tokens) if slots is not None else (blocks, -(-n_tokens // CONV_TILE))
     card.kernel("gdn_conv_silu").launch(
-        grid, CONV_THREADS, mix.buf, np.int64(mix.stride), weights.conv_w, state.conv, conv_out,
-        np.int32(dims.cc), np.int32(n_tokens), ring.conv if ring is not None else None, stream=stream,
+        grid, CONV_THREADS, mix.buf, np.int64(mix.stride), weights.conv_w, state.conv if state else None, conv_out,
+        np.int32(dims.cc), np.int32(1 if slots is not None else n_tokens), ring.conv if ring is not None else None,
+        *slot_args(slots), stream=stream,
     )
 
 
 def gdn_recurrent(
-    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, conv_out: DeviceBuffer,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, conv_out: DeviceBuffer,
     inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, stream: Stream | None = None, ring: GdnRing | None = None,
+    slots: SlotRows | None = None,
 ) -> None:
     """Token-by-token delta rule + gated norm (rms eps `eps`): y [T][Cv] (and its Q8_1 copy); the recurrent
-    state advances (and `ring` gets the states after the first T-1 tokens)."""
+    state advances (and `ring` gets the states after the first T-1 tokens). With `slots` row t is the one
+    new token of its slot's sequence (its own state; `counters` then holds T sets of head counters)."""
     _check_tokens(n_tokens)
+    _one_state(state, slots, ring)
     if ring is not None:
         ring.check(state, n_tokens)
     inputs.check(dims, n_tokens)
     _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
     _check_out("y", y, F32 * n_tokens * dims.cv)
-    _check_out("head counters", counters, 4 * dims.n_v_heads)
+    _check_out("head counters", counters, 4 * dims.n_v_heads * (n_tokens if slots is not None else 1))
     yq, yd = _q8_args(dims, y_q8, n_tokens)
+    grid = (dims.n_v_heads, -(-dims.d_v // RECURRENT_COLS)) + ((n_tokens,) if slots is not None else ())
     card.kernel("gdn_recurrent").launch(
-        (dims.n_v_heads, -(-dims.d_v // RECURRENT_COLS)), RECURRENT_THREADS, conv_out, inputs.z.buf,
+        grid, RECURRENT_THREADS, conv_out, inputs.z.buf,
         np.int64(inputs.z.stride), inputs.b.buf, np.int64(inputs.b.stride), inputs.alpha.buf,
-        np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm, state.recurrent, y, yq, yd,
-        counters, np.int32(n_tokens), np.int32(dims.n_k_heads), np.int32(dims.n_v_heads), np.int32(dims.d_k),
-        np.int32(dims.d_v), np.float32(eps), ring.recurrent if ring is not None else None, stream=stream,
+        np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm,
+        state.recurrent if state else None, y, yq, yd, counters, np.int32(1 if slots is not None else n_tokens),
+        np.int32(dims.n_k_heads), np.int32(dims.n_v_heads), np.int32(dims.d_k), np.int32(dims.d_v), np.float32(eps),
+        ring.recurrent if ring is not None else None, *slot_args(slots), stream=stream,
     )
 
 
@@ -271,24 +288,26 @@ def gdn_gated_norm(
 
 
 def gdn_mixer(
-    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState, inputs: GdnInputs,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, inputs: GdnInputs,
     conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, recurrent: bool | None = None, stream: Stream | None = None,
-    ring: GdnRing | None = None,
+    ring: GdnRing | None = None, slots: SlotRows | None = None,
 ) -> None:
     """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv]
     (and its Q8_1 copy, the ssm_out GEMV's input). `eps` is the model's rms_eps.
 
     `recurrent` picks the delta-rule form (default: recurrent up to RECURRENT_MAX_TOKENS tokens); both are
     the same function of the inputs and the state, so the choice is only about speed. `ring` (speculative
-    verify) keeps the per-token states and needs the recurrent form.
+    verify) keeps the per-token states and needs the recurrent form, as do `slots` (a slot-indexed step:
+    each row continues its own slot's state instead of `state`).
     """
     use_recurrent = n_tokens <= RECURRENT_MAX_TOKENS if recurrent is None else recurrent
-    if ring is not None and not use_recurrent:
-        raise ValueError("per-token states (a GDN ring) come from the recurrent form only")
-    gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream, ring)
+    if (ring is not None or slots is not None) and not use_recurrent:
+        raise ValueError("per-token states (a GDN ring) and slot-indexed rows need the recurrent form")
+    gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream, ring, slots)
     if use_recurrent:
-        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream, ring)
+        gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream, ring,
+                      slots)
     else:
         gdn_chunk_prefill(card, dims, weights, state, conv_out, inputs, y, n_tokens, stream)
         gdn_gated_norm(card, dims, weights, y, inputs.z, y, n_tokens, eps, y_q8, stream)

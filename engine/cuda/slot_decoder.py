@@ -1,9 +1,9 @@
 """Sequence slots on one card: prefill in chunks, and decode steps over any set of slots replayed from
 CUDA graphs with sampling on the card (the engine side of engine.generation.slots.SlotBackend).
 
-A decode step moves only token ids across PCIe: the host writes each slot's token and position,
-replays the graph captured for that set of slots (embedding → all layers on B rows → LM head → each
-slot's sampler) and reads back B ids. Separate from loading (engine.cuda.backend) so benchmarks can
+A decode step moves only token ids across PCIe: the host writes each slot's token and position and the
+rows' slots, replays the graph captured for that set of slots (embedding → all layers on B rows, the
+mixers slot-indexed (engine.cuda.slot_batch) → LM head → each slot's sampler) and reads back B ids. Separate from loading (engine.cuda.backend) so benchmarks can
 drive it over synthetic weights.
 
 On several cards (engine.cuda.pipeline) each card has its own decoder over its trunk layers: the
@@ -37,6 +37,7 @@ from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
+from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_tables
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
 from engine.cuda.weights import ModelWeights, MtpWeights
@@ -59,17 +60,18 @@ GraphKey = tuple[int, ...]  # the stepped slots in slot order (sampling modes ar
 
 class DecodeGraph:
     """One decode step over a fixed list of slots, captured as a CUDA graph ending in each slot's sampler
-    and its logprobs; rows follow the list's order. The sampler is the full one for every slot: a greedy
-    request's parameters make it take the arg-max and skip the rest (sampling.cu's greedy exit), so the
-    sampling mode is data in the slot's parameter buffer and one graph serves any mix of modes (issue 28:
-    keyed by modes, 4 slots had 80 possible graphs, 8 slots 6,560). Logprobs return at once unless the
-    slot's request asked for them."""
+    and its logprobs; rows follow the list's order. The forward pass reads the rows' slots on the card
+    (slot-indexed mixers), so only the samplers, one set of buffers per slot, tie a graph to its slots.
+    The sampler is the full one for every slot: a greedy request's parameters make it take the arg-max and
+    skip the rest (sampling.cu's greedy exit), so the sampling mode is data in the slot's parameter buffer
+    and one graph serves any mix of modes (issue 28: keyed by modes, 4 slots had 80 possible graphs, 8
+    slots 6,560). Logprobs return at once unless the slot's request asked for them."""
 
-    def __init__(self, fwd: ForwardPass, seqs: list[DeviceSequence], samplers: list[GpuSampler],
-                 positions: list[DeviceBuffer], logprobs: list[GpuLogprobs]):
-        self.fwd, self.card, self.seqs = fwd, fwd.card, seqs
-        with self.card.capture(f"decode x{len(seqs)}") as graph:
-            fwd.run_batch(seqs, positions)
+    def __init__(self, fwd: ForwardPass, batch: SlotBatch, samplers: list[GpuSampler], logprobs: list[GpuLogprobs],
+                 width: int):
+        self.fwd, self.card = fwd, fwd.card
+        with self.card.capture(f"decode x{width}") as graph:
+            fwd.run_slots(width, batch)
             for row, (sampler, lp) in enumerate(zip(samplers, logprobs)):  # none on a card without the head
                 sampler.sample(fwd.logits_row(row))
                 lp.compute(fwd.logits_row(row), sampler.token)
@@ -100,13 +102,17 @@ class SlotDecoder:
         if sparse is not None and cfg.attention_layers:
             layers = [i for i in cfg.attention_layers if i in weights.span]
             self.fwd.sparse = SparsePrefill(card, sparse, self.fwd.dims, layers, chunk, context, kv)
-        # [slot][pos, n_tokens], then [slot][t, h, w]: each slot's step and decode rope position, one upload
-        self.steps = card.alloc(4 * 5 * slots, "slot steps")
-        self._host_steps = card.pinned(5 * slots, np.int32)
-        self.rope = [self.steps.view(8 * slots + 12 * i, 12) for i in range(slots)]
+        # [slot][pos, n_tokens], then [slot][t, h, w], then [row] slot: each slot's step and decode rope
+        # position and the stepped rows' slots, one upload per step
+        self._rope_at, self._rows_at = STEP_INTS * slots, (STEP_INTS + ROPE_INTS) * slots
+        self.steps = card.alloc(4 * (self._rows_at + MAX_SLOTS), "slot steps")
+        self._host_steps = card.pinned(self._rows_at + MAX_SLOTS, np.int32)
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)
-        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(8 * i, 8), weights.span, kv)
-                     for i in range(slots)]
+        self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(4 * STEP_INTS * i, 4 * STEP_INTS),
+                                    weights.span, kv) for i in range(slots)]
+        self.batch = SlotBatch(self.steps.view(4 * self._rows_at, 4 * MAX_SLOTS), self.steps.view(0, 4 * self._rope_at),
+                               self.steps.view(4 * self._rope_at, 4 * ROPE_INTS * slots),
+                               upload_slot_tables(card, self.seqs), like=self.seqs[0])
         self.samplers: list[GpuSampler] = []
         self.logprobs: list[GpuLogprobs] = []
         if self.fwd.heads:
@@ -137,11 +143,11 @@ class SlotDecoder:
         """Run every batch width and both pickers once: capturing executes nothing, so each kernel (and GEMV
         variant) must have been loaded by an eager launch before any capture. Leaves every slot empty."""
         self.fwd.h.fill_zero()
+        self._write_steps(range(self.slot_count))
+        self.steps.upload(self._host_steps)
         for n in range(1, self.slot_count + 1):
             self.fwd.ids.view(0, 4 * n).upload(np.zeros(n, np.int32))
-            for seq in self.seqs[:n]:
-                seq.set_step(1)
-            self.fwd.run_batch(self.seqs[:n], self.rope[:n])
+            self.fwd.run_slots(n, self.batch)
         for row, (sampler, lp) in enumerate(zip(self.samplers, self.logprobs)):
             sampler.argmax(self.fwd.logits_row(row))
             sampler.sample(self.fwd.logits_row(row))
@@ -269,10 +275,7 @@ class SlotDecoder:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
         graph = self._graph(slots)
-        rope_at = 2 * len(self.seqs)
-        for slot, seq in enumerate(self.seqs):
-            self._host_steps[2 * slot : 2 * slot + 2] = (seq.next_position, 1)
-            self._host_steps[rope_at + 3 * slot : rope_at + 3 * slot + 3] = seq.next_rope_position
+        self._write_steps(slots)
         if self.fwd.embeds:
             for row, slot in enumerate(slots):
                 self._host_ids[row] = feeds[slot]
@@ -303,6 +306,15 @@ class SlotDecoder:
             picks[slot] = Pick(int(self._host_tokens[slot]), logits, logprobs=logprobs)
         return picks
 
+    def _write_steps(self, slots: Sequence[int]) -> None:
+        """The host copy of the step buffer for a step over `slots` (row b continues slots[b]): every slot's
+        next position with one token, its rope position, and the rows' slots."""
+        for slot, seq in enumerate(self.seqs):
+            self._host_steps[STEP_INTS * slot : STEP_INTS * (slot + 1)] = (seq.next_position, 1)
+            at = self._rope_at + ROPE_INTS * slot
+            self._host_steps[at : at + ROPE_INTS] = seq.next_rope_position
+        self._host_steps[self._rows_at : self._rows_at + len(slots)] = slots
+
     def _graph(self, slots: list[int]) -> DecodeGraph:
         """The step graph for these slots (in slot order), captured on first use; least recently used evicted."""
         key: GraphKey = tuple(slots)
@@ -310,8 +322,7 @@ class SlotDecoder:
         if graph is None:
             samplers = [self.samplers[s] for s in slots] if self.samplers else []  # none without the head
             logprobs = [self.logprobs[s] for s in slots] if self.logprobs else []
-            graph = DecodeGraph(self.fwd, [self.seqs[s] for s in slots], samplers, [self.rope[s] for s in slots],
-                                logprobs)
+            graph = DecodeGraph(self.fwd, self.batch, samplers, logprobs, len(slots))
             self._graphs[key] = graph
             if len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)[1].close()

@@ -8,6 +8,11 @@
 #   call 2: bash tests/gpu/run_h200_session.sh bench     carry [".kbuild", ".whl"]
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
 #   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbuild", ".whl"] (K-quant GEMV tests, sweeps, benches)
+#   llama.cpp beside rigllm on the K-quant files (issue 29), two calls: first the 9B Q8_0 bench (streams included)
+#   and llama-cpp-python's CUDA wheel from the stripped sdist (python -m engine.bench_peer.build SDIST
+#   .peer/llama-stripped.tar.gz, here), whose pieces come back in $OUT/peer; copy them to .peer/wheel, then
+#           bash tests/gpu/run_h200_session.sh peer-build   carry [".kbuild", ".whl", ".peer"]
+#           bash tests/gpu/run_h200_session.sh peer-run     carry [".whl", ".peer"]  (the image's NVRTC builds kernels)
 #           (.whl-gpu was 52 MB on 2026-12-02 and the tree 11 MB, under the 64 MiB a call carries only without a
 #           packed .kbuild: the check runs on the bundle's own kernels; if the call is refused as too big, build
 #           the bundle with fewer modules or pack it harder)
@@ -147,6 +152,23 @@ kq)  # K-quant GEMV variants: their GPU tests, the sweeps, then whole steps with
         wait
         echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"; grep -A3 "^depth" "$RES/$name.log"
     done ;;
+peer-build)  # the 9B Q8_0 decode bench (one and several streams) first, then the wheel while the 9B GGUF is written
+    setup
+    job bench-9b-q8_0 150 python3 -m engine.cli bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512,4096 \
+        --json "$RES/$DAY-h200-bench-9b-q8_0.json"
+    wait
+    echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A12 "^depth" "$RES/bench-9b-q8_0.log"
+    job peer-build $(($(left) - 10)) python3 -m engine.bench_peer.run --sdist .peer/llama-stripped.tar.gz --build-only \
+        --shapes 9b --weights q4_k_m --out "$OUT/peer"
+    wait
+    echo "peer-build: $(cat "$RES/peer-build.rc") ($SECONDS s)"; tail -3 "$OUT/peer/llama-build.log"; ls -la "$OUT/peer" ;;
+peer-run)  # llama.cpp (the carried wheel) and rigllm on the same synthetic Q4_K_M files, 9B then 27B
+    setup
+    unset RIGLLM_KERNEL_DIR  # no .kbuild beside the wheel (carry limit): the image's NVRTC builds the kernels
+    job peer-run $(($(left) - 10)) python3 -m engine.bench_peer.run --wheel .peer/wheel --shapes 9b,27b \
+        --weights q4_k_m --prompts 512,4096 --depths 512,4096 --out "$RES/peer"
+    wait
+    echo "peer-run: $(cat "$RES/peer-run.rc") ($SECONDS s)"; tail -40 "$RES/peer-run.log" ;;
 check)  # the toolkit-free pycuda wheel and the headless bundle (packaging/gpu_check.sh), mutations 2-4 beside it
     mkdir -p "$RES" /tmp/rigllm-kbuild
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/rigllm-mut-site .whl-gpu/*.whl

@@ -47,6 +47,35 @@ def test_slot_decoder_runs_every_path(demo, kv):
     assert ("kv_encode_int8" in names) == kv.startswith("k8") and "attn_prep" in names
 
 
+@pytest.mark.parametrize("kv", ["f16", "k8v3"])
+def test_a_batched_step_launches_each_mixer_once_with_its_rows_slots(demo, kv):
+    """Slot-indexed steps (engine.cuda.slot_batch): each layer's table lists every slot's state addresses in
+    the kernels' order, the step buffer carries the rows' slots in the order the rows are fed, and a
+    batched step launches each mixer kernel once per layer whatever its width (it used to launch them once
+    per row)."""
+    card = FakeCard()
+    cfg = demo.config
+    weights = upload_weights(card, demo.file, cfg)
+    dec = SlotDecoder(card, cfg, weights, context=96, slots=4, chunk=16, kv=kv_format(kv))
+    gdn, attn = cfg.gdn_layers[0], cfg.attention_layers[0]
+    want_gdn = [p for seq in dec.seqs for p in (seq.gdn[gdn].conv.ptr, seq.gdn[gdn].recurrent.ptr)]
+    want_attn = [p for seq in dec.seqs for side in (seq.kv[attn].k, seq.kv[attn].v)
+                 for p in (side.codes.ptr, side.side.ptr if side.side is not None else 0)]
+    assert dec.batch.tables[gdn].download(np.uint64, len(want_gdn)).tolist() == want_gdn
+    assert dec.batch.tables[attn].download(np.uint64, len(want_attn)).tolist() == want_attn
+    assert (want_attn[1] == 0) == (kv == "f16")
+    greedy = SlotRequest(SamplingParams(temperature=0.0), [])
+    for slot in (0, 2, 3):
+        dec.prefill_slot(slot, [5, 6, 7 + slot])
+        dec.begin(slot, greedy)
+    card.launches.clear()
+    dec.step({3: 1, 0: 2, 2: 3})
+    rows = dec.batch.row_slot.download(np.int32, 3).tolist()
+    assert rows == [0, 2, 3]  # rows follow the slots' order, as the picks' logits rows do
+    names = [name for name, *_ in card.launches]
+    assert names.count("gdn_recurrent") == len(cfg.gdn_layers) and names.count("attn_prep") == len(cfg.attention_layers)
+
+
 def test_pipeline_hands_rows_between_cards(demo):
     pipe = PipelineBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
                            card_factory=FakeCard)

@@ -75,7 +75,7 @@ prepare_gpu_check() {  # .whl-gpu: the recipe's cp312 pycuda wheel, the headless
 
 setup() {  # on the H200: the carried wheels on PYTHONPATH, the prebuilt kernels (unpacked from .kbz when carried so)
     mkdir -p "$RES"
-    if [ ! -d .kbuild ] && [ -f .kbz/kbuild.tar.xz ]; then mkdir .kbuild && tar -C .kbuild -xJf .kbz/kbuild.tar.xz; fi
+    if [ -f .kbz/kbuild.tar.xz ]; then rm -rf .kbuild && mkdir .kbuild && tar -C .kbuild -xJf .kbz/kbuild.tar.xz; fi
     local site=/tmp/rigllm-site
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl > "$RES/pip.log" 2>&1 \
         || tail -5 "$RES/pip.log"

@@ -126,7 +126,8 @@ def test_decode_and_a_follow_up_turn_continue_at_the_largest_position_plus_one(d
     steps = dec.steps.download(np.int32, 5 * 2)
     assert list(steps[2:4]) == [n, 1]  # slot 1's cache row and batch size
     assert list(steps[4 + 3 : 4 + 6]) == [prompt.next_position] * 3  # slot 1's decode rope position
-    assert all(p is dec.rope[1] for p in prep_positions(card))  # the captured graph reads it there
+    # the captured graph's prep reads every slot's rope positions there, row 0 at its slot (1)
+    assert all(p is dec.batch.rope for p in prep_positions(card)) and dec.batch.row_slot.download(np.int32, 1)[0] == 1
     seq = dec.seqs[1]
     assert (seq.next_position, seq.next_rope_position) == (n + 1, prompt.next_position + 1)
 

@@ -80,8 +80,15 @@ __device__ T block_all_reduce(T v, Op op) {
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 logprob_partial(const float* __restrict__ logits, int V, const int* __restrict__ wanted,
-                LogprobPartial* __restrict__ part, float* __restrict__ cand_logit, int* __restrict__ cand_id) {
+                LogprobPartial* __restrict__ part, float* __restrict__ cand_logit, int* __restrict__ cand_id,
+                const int* __restrict__ row_slot) {
+    const int row = blockIdx.y;  // several rows in one launch: sampling.cu's "Rows" (wanted is the slot's)
+    if (row_slot != nullptr) wanted += row_slot[row];
     if (*wanted == 0) return;
+    logits += (size_t)row * V;
+    part += (size_t)row * gridDim.x;
+    cand_logit += (size_t)row * gridDim.x * LOGPROB_TOP;
+    cand_id += (size_t)row * gridDim.x * LOGPROB_TOP;
     int begin, end;
     block_slice(V, gridDim.x, blockIdx.x, &begin, &end);
     LogprobPartial acc{NEG_INF_F, 0.0f};
@@ -116,8 +123,17 @@ logprob_partial(const float* __restrict__ logits, int V, const int* __restrict__
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 logprob_final(const float* __restrict__ logits, int V, const int* __restrict__ wanted,
               const LogprobPartial* __restrict__ part, const float* __restrict__ cand_logit,
-              const int* __restrict__ cand_id, int nparts, const int* __restrict__ token, LogprobRow* __restrict__ out) {
+              const int* __restrict__ cand_id, int nparts, const int* __restrict__ token, LogprobRow* __restrict__ out,
+              const int* __restrict__ row_slot) {
+    const int row = blockIdx.y;
+    if (row_slot != nullptr) wanted += row_slot[row];
     if (*wanted == 0) return;
+    logits += (size_t)row * V;
+    part += (size_t)row * nparts;
+    cand_logit += (size_t)row * nparts * LOGPROB_TOP;
+    cand_id += (size_t)row * nparts * LOGPROB_TOP;
+    token += row;
+    out += row;
     __shared__ double shared_sum[SAMPLE_THREADS];
     float m = NEG_INF_F;
     for (int i = 0; i < nparts; ++i) m = fmaxf(m, part[i].max);

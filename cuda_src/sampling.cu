@@ -46,6 +46,13 @@
 // out_id = -1 when the scores contain NaN or +inf, or (not greedy) no score is finite: a backend bug,
 // which the reference reports as an error too.
 // Greedy alone (no penalties): argmax_partial (grid nparts) + argmax_final (grid 1).
+//
+// Rows (issue 28): the sampling kernels also run for several logits rows in one launch, grid (.., rows):
+// row r = blockIdx.y reads logits + r*V and uses row r of every scratch array (scores [rows][V], partials
+// [rows][nparts], SampleState [rows], hist [rows][2048], DrawPartial [rows][nparts], out_id [rows]). The
+// per-request state (SampleParams, counts) belongs to a slot: with row_slot not null, row r uses slot
+// row_slot[r]'s (params + slot, counts + slot*V), so one captured step serves any set of slots; with
+// row_slot null the pointers are the one slot's own. With one row (blockIdx.y = 0) nothing moves.
 #include "sampling.cuh"
 
 // ---------------------------------------------------------------------------------------------
@@ -89,8 +96,16 @@ extern "C" __global__ void token_counts_add(int* __restrict__ counts, const int*
 // scores = penalised logits (may alias logits); part[block] = that block's argmax / finite count / bad flag.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_scores(const float* logits, const int* __restrict__ counts, const SampleParams* __restrict__ params,
-              float* scores, ArgmaxPartial* __restrict__ part, int V) {
-    const SampleParams p = *params;
+              float* scores, ArgmaxPartial* __restrict__ part, int V, const int* __restrict__ row_slot) {
+    const int row = blockIdx.y;
+    logits += (size_t)row * V;
+    scores += (size_t)row * V;
+    part += (size_t)row * gridDim.x;
+    if (row_slot != nullptr) {
+        params += row_slot[row];
+        counts += (size_t)row_slot[row] * V;
+    }
+    const SampleParams& p = *params;  // read in place: a copy of the record spilled once params moved per row
     const bool penalties = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
     int begin, end;
     block_slice(V, gridDim.x, blockIdx.x, &begin, &end);
@@ -153,9 +168,18 @@ __device__ unsigned min_p_key(const SampleParams& p, float smax) {
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_prepare(const ArgmaxPartial* __restrict__ part, int nparts, const SampleParams* __restrict__ params,
                SampleState* __restrict__ st, unsigned long long* __restrict__ hist, int* __restrict__ counts,
-               int* __restrict__ out_id) {
+               int* __restrict__ out_id, int V, const int* __restrict__ row_slot) {
     __shared__ int finished;
     __shared__ float smax;
+    const int row = blockIdx.y;
+    part += (size_t)row * nparts;
+    st += row;
+    hist += (size_t)row * SAMPLE_BINS;
+    out_id += row;
+    if (row_slot != nullptr) {
+        params += row_slot[row];
+        counts += (size_t)row_slot[row] * V;
+    }
     for (int b = threadIdx.x; b < SAMPLE_BINS; b += SAMPLE_THREADS) hist[b] = 0ull;
     const ArgmaxPartial best = reduce_partials(part, nparts);
     const SampleParams p = *params;
@@ -199,6 +223,9 @@ sample_hist(const float* __restrict__ scores, int V, const SampleState* __restri
             unsigned long long* __restrict__ hist, int slot) {
     const int stage = slot / 3;
     const int pass = slot % 3;
+    scores += (size_t)blockIdx.y * V;  // row blockIdx.y (see "Rows" above)
+    st += blockIdx.y;
+    hist += (size_t)blockIdx.y * SAMPLE_BINS;
     if (st->done || !st->active[stage]) return;
     const int shift = kPassShift[pass];
     const int nbins = 1 << kPassBits[pass];
@@ -234,9 +261,12 @@ sample_hist(const float* __restrict__ scores, int V, const SampleState* __restri
 // key: the stage's threshold.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_select(const SampleParams* __restrict__ params, SampleState* __restrict__ st,
-              unsigned long long* __restrict__ hist, int slot) {
+              unsigned long long* __restrict__ hist, int slot, const int* __restrict__ row_slot) {
     const int stage = slot / 3;
     const int pass = slot % 3;
+    st += blockIdx.y;
+    hist += (size_t)blockIdx.y * SAMPLE_BINS;
+    if (row_slot != nullptr) params += row_slot[blockIdx.y];
     if (st->done || !st->active[stage]) return;  // uniform over the block
     const int shift = kPassShift[pass];
     const int bits = kPassBits[pass];
@@ -309,7 +339,9 @@ sample_select(const SampleParams* __restrict__ params, SampleState* __restrict__
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_draw_partial(const float* __restrict__ scores, int V, const SampleState* __restrict__ st_ptr,
                     DrawPartial* __restrict__ dpart) {
-    const SampleState st = *st_ptr;
+    scores += (size_t)blockIdx.y * V;
+    dpart += (size_t)blockIdx.y * gridDim.x;
+    const SampleState st = st_ptr[blockIdx.y];
     if (st.done) return;
     int begin, end;
     block_slice(V, gridDim.x, blockIdx.x, &begin, &end);
@@ -329,8 +361,16 @@ sample_draw_partial(const float* __restrict__ scores, int V, const SampleState* 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_draw(const float* __restrict__ scores, int V, SampleParams* __restrict__ params,
             const SampleState* __restrict__ st_ptr, const DrawPartial* __restrict__ dpart, int nparts,
-            int* __restrict__ counts, int* __restrict__ out_id) {
-    const SampleState st = *st_ptr;
+            int* __restrict__ counts, int* __restrict__ out_id, const int* __restrict__ row_slot) {
+    const int row = blockIdx.y;
+    scores += (size_t)row * V;
+    dpart += (size_t)row * nparts;
+    out_id += row;
+    if (row_slot != nullptr) {
+        params += row_slot[row];
+        counts += (size_t)row_slot[row] * V;
+    }
+    const SampleState st = st_ptr[row];
     if (st.done) return;
     const int v = draw_support(scores, V, st, dpart, nparts, uniform01(params->seed, params->counter));
     if (threadIdx.x == 0) {

@@ -4,7 +4,8 @@ after the sampler, and the record read back.
 A request with `top_logprobs` downloads LOGPROB_DTYPE (176 bytes) per token instead of its logits row
 (about 1 MB at the Qwen3.5 vocabulary; issue 28: ~4 ms per token per slot over a CMP's PCIe Gen1 x1).
 The launches are captured in every decode graph; a slot's `wanted` flag, written per request, lets them
-return at once for requests that asked for nothing, so asking does not change the graph.
+return at once for requests that asked for nothing, so asking does not change the graph. Like the sampler's,
+the launches also run for several rows at once (`launch_logprobs`), each row with the flag of its slot.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
-from engine.cuda.sampling import SAMPLE_THREADS
+from dataclasses import dataclass
+
+from engine.cuda.sampling import SAMPLE_THREADS, default_parts
 from engine.generation.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 
 LOGPROB_TOP = MAX_TOP_LOGPROBS  # LOGPROB_TOP in logprobs.cu
@@ -22,19 +25,56 @@ LOGPROB_DTYPE = np.dtype([("lse", "<f8"), ("token_logit", "<f4"), ("token", "<i4
 PARTIAL_BYTES = 8  # struct LogprobPartial
 
 
+@dataclass(frozen=True)
+class LogprobScratch:
+    """The partials of `rows` logits rows, row-major: (max, sum) [rows][parts], candidates [rows][parts][TOP]."""
+
+    partials: DeviceBuffer
+    cand_logit: DeviceBuffer
+    cand_id: DeviceBuffer
+    parts: int
+
+    def row(self, r: int) -> "LogprobScratch":
+        p, c = self.parts, 4 * LOGPROB_TOP * self.parts
+        return LogprobScratch(self.partials.view(PARTIAL_BYTES * p * r, PARTIAL_BYTES * p),
+                              self.cand_logit.view(c * r, c), self.cand_id.view(c * r, c), p)
+
+
+def alloc_logprob_scratch(card: CudaCard, parts: int, rows: int, label: str) -> LogprobScratch:
+    return LogprobScratch(card.alloc(PARTIAL_BYTES * parts * rows, f"{label}.partials"),
+                          card.alloc(4 * LOGPROB_TOP * parts * rows, f"{label}.cand_logit"),
+                          card.alloc(4 * LOGPROB_TOP * parts * rows, f"{label}.cand_id"), parts)
+
+
+def launch_logprobs(card: CudaCard, logits: DeviceBuffer, vocab: int, wanted: DeviceBuffer, scratch: LogprobScratch,
+                    token: DeviceBuffer, out: DeviceBuffer, rows: int = 1, row_slot: DeviceBuffer | None = None,
+                    stream: Stream | None = None) -> None:
+    """The records of `rows` logits rows ([rows][V]) and their picks (`token` [rows]) into `out` [rows]; with
+    `row_slot`, `wanted` is every slot's flag and row r obeys slot row_slot[r]'s."""
+    if logits.nbytes < 4 * vocab * rows:
+        raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * vocab * rows} for {rows} rows of the vocabulary")
+    v, parts = np.int32(vocab), scratch.parts
+    card.kernel("logprob_partial").launch((parts, rows), SAMPLE_THREADS, logits, v, wanted, scratch.partials,
+                                          scratch.cand_logit, scratch.cand_id, row_slot, stream=stream)
+    card.kernel("logprob_final").launch((1, rows), SAMPLE_THREADS, logits, v, wanted, scratch.partials,
+                                        scratch.cand_logit, scratch.cand_id, np.int32(parts), token, out, row_slot,
+                                        stream=stream)
+
+
 class GpuLogprobs:
     """The logprob buffers of one slot over a `vocab`-sized logits row. `out` is where its record goes
-    (LOGPROB_DTYPE.itemsize bytes; e.g. the slot's place in a buffer read back once for all slots)."""
+    (LOGPROB_DTYPE.itemsize bytes). `wanted` (the slot's flag among every slot's) and `scratch` (one row,
+    shared by a decoder's slots) are allocated here when not given (engine.cuda.slot_sampling gives them)."""
 
-    def __init__(self, card: CudaCard, vocab: int, out: DeviceBuffer, label: str = "logprobs", parts: int | None = None):
+    def __init__(self, card: CudaCard, vocab: int, out: DeviceBuffer, label: str = "logprobs", parts: int | None = None,
+                 wanted: DeviceBuffer | None = None, scratch: LogprobScratch | None = None):
         if out.nbytes < LOGPROB_DTYPE.itemsize:
             raise ValueError(f"a logprob record needs {LOGPROB_DTYPE.itemsize} bytes, '{out.label}' has {out.nbytes}")
         self.card, self.vocab, self.out = card, vocab, out
-        self.parts = parts if parts is not None else max(1, min(2 * card.sm_count, -(-vocab // SAMPLE_THREADS)))
-        self.wanted = card.alloc(4, f"{label}.wanted")
-        self.partials = card.alloc(PARTIAL_BYTES * self.parts, f"{label}.partials")
-        self.cand_logit = card.alloc(4 * LOGPROB_TOP * self.parts, f"{label}.cand_logit")
-        self.cand_id = card.alloc(4 * LOGPROB_TOP * self.parts, f"{label}.cand_id")
+        parts = scratch.parts if scratch is not None else parts if parts is not None else default_parts(card, vocab)
+        self.scratch = scratch if scratch is not None else alloc_logprob_scratch(card, parts, 1, label)
+        self.parts = parts
+        self.wanted = wanted if wanted is not None else card.alloc(4, f"{label}.wanted")
         self.wanted.fill_zero()
 
     def want(self, on: bool) -> None:
@@ -43,14 +83,7 @@ class GpuLogprobs:
 
     def compute(self, logits: DeviceBuffer, token: DeviceBuffer, stream: Stream | None = None) -> None:
         """The record of fp32 `logits` [vocab] and the sampler's pick in `token` (launch after the sampler)."""
-        if logits.nbytes < 4 * self.vocab:
-            raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
-        v = np.int32(self.vocab)
-        self.card.kernel("logprob_partial").launch(self.parts, SAMPLE_THREADS, logits, v, self.wanted,
-                                                   self.partials, self.cand_logit, self.cand_id, stream=stream)
-        self.card.kernel("logprob_final").launch(1, SAMPLE_THREADS, logits, v, self.wanted, self.partials,
-                                                 self.cand_logit, self.cand_id, np.int32(self.parts), token, self.out,
-                                                 stream=stream)
+        launch_logprobs(self.card, logits, self.vocab, self.wanted, self.scratch, token, self.out, stream=stream)
 
 
 def token_logprob_of(record: np.ndarray, top_n: int) -> TokenLogprob:

@@ -1,7 +1,9 @@
 """Host side of sampling on the GPU (`cuda_src/sampling.cu`): the buffers of one sampling slot, the
 parameter layout the kernels read, and the fixed launch sequence.
 
-Only the chosen token id crosses PCIe (architecture rule 8). The sequence is the same for every
+Only the chosen token id crosses PCIe (architecture rule 8). The launches also run for several logits rows
+at once (`rows`, `row_slot`: sampling.cu's "Rows"), which is how a decode step samples all its slots
+(engine.cuda.slot_sampling). The sequence is the same for every
 request (stages a request does not use exit at once), so it can be captured in the decode graph; what
 changes per request lives in the parameter buffer (`configure`) and the token counts (`reset_counts`,
 `count_tokens`), and the draw counter in the parameter buffer advances on the device with every draw.
@@ -80,9 +82,79 @@ class Support:
         return self.state, self.draw_partials
 
 
-def alloc_support(card: CudaCard, parts: int, label: str) -> Support:
-    return Support(card.alloc(STATE_DTYPE.itemsize, f"{label}.state"),
-                   card.alloc(PARTIAL_BYTES * parts, f"{label}.draw_partials"))
+def alloc_support(card: CudaCard, parts: int, label: str, rows: int = 1) -> Support:
+    return Support(card.alloc(STATE_DTYPE.itemsize * rows, f"{label}.state"),
+                   card.alloc(PARTIAL_BYTES * parts * rows, f"{label}.draw_partials"))
+
+
+def default_parts(card: CudaCard, vocab: int) -> int:
+    """Blocks of the vocabulary-wide passes: two per SM, no more than the vocabulary fills."""
+    return max(1, min(2 * card.sm_count, -(-vocab // SAMPLE_THREADS)))
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """What one sampling pass writes besides the slot's own state, for `rows` logits rows, row-major (row r of
+    every array belongs to logits row r): penalised scores [rows][V], argmax partials [rows][parts], the
+    support (state [rows], draw partials [rows][parts]), histograms [rows][HIST_BINS] and picks [rows]."""
+
+    scores: DeviceBuffer
+    partials: DeviceBuffer
+    support: Support
+    hist: DeviceBuffer
+    token: DeviceBuffer
+    vocab: int
+    parts: int
+
+    def row(self, r: int) -> "Scratch":
+        """Row r alone (views): the scratch of a one-row pass."""
+        v, p = self.vocab, self.parts
+        return Scratch(self.scores.view(4 * v * r, 4 * v), self.partials.view(PARTIAL_BYTES * p * r, PARTIAL_BYTES * p),
+                       Support(self.support.state.view(STATE_DTYPE.itemsize * r, STATE_DTYPE.itemsize),
+                               self.support.draw_partials.view(PARTIAL_BYTES * p * r, PARTIAL_BYTES * p)),
+                       self.hist.view(8 * HIST_BINS * r, 8 * HIST_BINS), self.token.view(4 * r, 4), v, p)
+
+    def buffers(self) -> tuple[DeviceBuffer, ...]:
+        return self.scores, self.partials, *self.support.buffers(), self.hist, self.token
+
+
+def alloc_scratch(card: CudaCard, vocab: int, parts: int, rows: int, label: str) -> Scratch:
+    scratch = Scratch(card.alloc(4 * vocab * rows, f"{label}.scores"),
+                      card.alloc(PARTIAL_BYTES * parts * rows, f"{label}.partials"),
+                      alloc_support(card, parts, label, rows), card.alloc(8 * HIST_BINS * rows, f"{label}.hist"),
+                      card.alloc(4 * rows, f"{label}.token"), vocab, parts)
+    scratch.hist.fill_zero()  # the kernels leave it zeroed after every pass
+    return scratch
+
+
+def launch_select(card: CudaCard, logits: DeviceBuffer, params: DeviceBuffer, counts: DeviceBuffer,
+                  scores: DeviceBuffer, partials: DeviceBuffer, support: Support, hist: DeviceBuffer,
+                  token: DeviceBuffer, vocab: int, parts: int, rows: int = 1, row_slot: DeviceBuffer | None = None,
+                  stream: Stream | None = None) -> None:
+    """`GpuSampler.select`'s launches for `rows` logits rows ([rows][V] from `logits`) and row-major scratch;
+    with `row_slot`, params and counts are every slot's ([slots] records, [slots][V]) and row r uses slot
+    row_slot[r]'s."""
+    if logits.nbytes < 4 * vocab * rows:
+        raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * vocab * rows} for {rows} rows of the vocabulary")
+    k = card.kernel
+    v, p, t = np.int32(vocab), np.int32(parts), SAMPLE_THREADS
+    k("sample_scores").launch((parts, rows), t, logits, counts, params, scores, partials, v, row_slot, stream=stream)
+    k("sample_prepare").launch((1, rows), t, partials, p, params, support.state, hist, counts, token, v, row_slot,
+                               stream=stream)
+    for slot in range(SELECT_SLOTS):
+        k("sample_hist").launch((parts, rows), t, scores, v, support.state, hist, np.int32(slot), stream=stream)
+        k("sample_select").launch((1, rows), t, params, support.state, hist, np.int32(slot), row_slot, stream=stream)
+    k("sample_draw_partial").launch((parts, rows), t, scores, v, support.state, support.draw_partials, stream=stream)
+
+
+def launch_draw(card: CudaCard, scores: DeviceBuffer, params: DeviceBuffer, support: Support, counts: DeviceBuffer,
+                token: DeviceBuffer, vocab: int, parts: int, rows: int = 1, row_slot: DeviceBuffer | None = None,
+                stream: Stream | None = None) -> None:
+    """`GpuSampler.draw`'s launch for `rows` rows (see `launch_select`)."""
+    card.kernel("sample_draw").launch(
+        (1, rows), SAMPLE_THREADS, scores, np.int32(vocab), params, support.state, support.draw_partials,
+        np.int32(parts), counts, token, row_slot, stream=stream,
+    )
 
 
 class GpuSampler:
@@ -94,22 +166,23 @@ class GpuSampler:
     """
 
     def __init__(self, card: CudaCard, vocab: int, label: str = "sampler", parts: int | None = None,
-                 token: DeviceBuffer | None = None):
-        """`token`: where picks go (4 bytes; e.g. a slot's place in a buffer read back once for all slots)."""
+                 params: DeviceBuffer | None = None, counts: DeviceBuffer | None = None, scratch: Scratch | None = None):
+        """`params` and `counts`: the slot's request state where a decoder keeps every slot's side by side
+        (engine.cuda.slot_sampling); `scratch`: a one-row scratch it shares between its slots' samplers (their
+        passes run one at a time on the card's stream). Each is allocated here when not given."""
         if vocab < 1:
             raise ValueError(f"vocabulary size {vocab} must be positive")
         self.card = card
         self.vocab = vocab
-        self.parts = parts if parts is not None else max(1, min(2 * card.sm_count, -(-vocab // SAMPLE_THREADS)))
-        self.params = card.alloc(PARAMS_DTYPE.itemsize, f"{label}.params")
-        self.support = alloc_support(card, self.parts, label)
-        self.partials = card.alloc(PARTIAL_BYTES * self.parts, f"{label}.partials")
-        self.hist = card.alloc(8 * HIST_BINS, f"{label}.hist")
-        self.counts = card.alloc(4 * vocab, f"{label}.counts")
-        self.scores = card.alloc(4 * vocab, f"{label}.scores")
-        self.token = token if token is not None else card.alloc(4, f"{label}.token")
-        self.hist.fill_zero()  # the kernels leave it zeroed after every pass
-        self.counts.fill_zero()
+        self.parts = scratch.parts if scratch is not None else parts if parts is not None else default_parts(card, vocab)
+        self.params = params if params is not None else card.alloc(PARAMS_DTYPE.itemsize, f"{label}.params")
+        self.counts = counts if counts is not None else card.alloc(4 * vocab, f"{label}.counts")
+        scratch = scratch if scratch is not None else alloc_scratch(card, vocab, self.parts, 1, label)
+        self.scratch = scratch
+        self.support, self.partials, self.hist, self.scores, self.token = (
+            scratch.support, scratch.partials, scratch.hist, scratch.scores, scratch.token)
+        if counts is None:
+            self.counts.fill_zero()
 
     def configure(self, params: SamplingParams, counter: int = 0) -> int:
         """Write a request's parameters (a seedless request gets a fresh random seed); returns the seed."""
@@ -144,27 +217,14 @@ class GpuSampler:
         """The first part of `sample`: penalties (by this sampler's counts) into `scores` (which may be
         `logits` itself), then the support of the request's filters into `support`. A greedy request's
         pick, or -1 for a row with NaN/+inf, is written to `token` here already."""
-        if logits.nbytes < 4 * self.vocab:
-            raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * self.vocab} for the vocabulary")
-        k = self.card.kernel
-        v, parts, t = np.int32(self.vocab), np.int32(self.parts), SAMPLE_THREADS
-        k("sample_scores").launch(self.parts, t, logits, self.counts, self.params, scores, self.partials, v, stream=stream)
-        k("sample_prepare").launch(
-            1, t, self.partials, parts, self.params, support.state, self.hist, self.counts, token, stream=stream
-        )
-        for slot in range(SELECT_SLOTS):
-            k("sample_hist").launch(self.parts, t, scores, v, support.state, self.hist, np.int32(slot), stream=stream)
-            k("sample_select").launch(1, t, self.params, support.state, self.hist, np.int32(slot), stream=stream)
-        k("sample_draw_partial").launch(self.parts, t, scores, v, support.state, support.draw_partials, stream=stream)
+        launch_select(self.card, logits, self.params, self.counts, scores, self.partials, support, self.hist, token,
+                      self.vocab, self.parts, stream=stream)
 
     def draw(self, scores: DeviceBuffer, support: Support, counts: DeviceBuffer, token: DeviceBuffer,
              stream: Stream | None = None) -> None:
         """The second part of `sample`: one draw from the selected support into `token`, added to `counts`
         (a speculative draft's pick goes to a scratch count, since it may be rejected)."""
-        self.card.kernel("sample_draw").launch(
-            1, SAMPLE_THREADS, scores, np.int32(self.vocab), self.params, support.state, support.draw_partials,
-            np.int32(self.parts), counts, token, stream=stream,
-        )
+        launch_draw(self.card, scores, self.params, support, counts, token, self.vocab, self.parts, stream=stream)
 
     def argmax(self, logits: DeviceBuffer, stream: Stream | None = None, token: DeviceBuffer | None = None) -> None:
         """Greedy without penalties or counts: the arg-max of `logits` (lowest id on ties, -1 on NaN/+inf), into
@@ -189,5 +249,6 @@ class GpuSampler:
         return self.params.download(PARAMS_DTYPE, 1)[0]
 
     def free(self) -> None:
-        for buf in (self.params, *self.support.buffers(), self.partials, self.hist, self.counts, self.scores, self.token):
+        """Free what this sampler allocated (tests; a decoder's samplers live as long as its card)."""
+        for buf in (self.params, self.counts, *self.scratch.buffers()):
             buf.free()

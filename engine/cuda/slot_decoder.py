@@ -2,8 +2,10 @@
 CUDA graphs with sampling on the card (the engine side of engine.generation.slots.SlotBackend).
 
 A decode step moves only token ids across PCIe: the host writes each slot's token and position and the
-rows' slots, replays the graph captured for that set of slots (embedding → all layers on B rows, the
-mixers slot-indexed (engine.cuda.slot_batch) → LM head → each slot's sampler) and reads back B ids. Separate from loading (engine.cuda.backend) so benchmarks can
+rows' slots, replays the graph captured for that batch width (embedding → all layers on B rows, the
+mixers slot-indexed (engine.cuda.slot_batch) → LM head → every row's sampler and logprobs with its slot's
+state (engine.cuda.slot_sampling)) and reads back B ids. Nothing in a graph depends on which slots it
+steps, so a card keeps at most one graph per width. Separate from loading (engine.cuda.backend) so benchmarks can
 drive it over synthetic weights.
 
 On several cards (engine.cuda.pipeline) each card has its own decoder over its trunk layers: the
@@ -26,7 +28,6 @@ tokens (`Pick.extra`). Steps over several slots stay plain (the speculator keeps
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -36,6 +37,7 @@ from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of
 from engine.cuda.sampling import GpuSampler
+from engine.cuda.slot_sampling import SlotSampling
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_tables
 from engine.cuda.sparse_prefill import SparsePrefill
@@ -53,32 +55,24 @@ from engine.vision.multimodal_prompt import PromptSegment
 
 MAX_SLOTS = MAX_GEMV_TOKENS  # a batched step is one GEMV over the slots' rows
 DEFAULT_CHUNK = 256  # prefill tokens per forward (the CUDA backends' default `chunk`)
-MAX_GRAPHS = 64  # captured step graphs kept (one per set of slots seen)
-
-GraphKey = tuple[int, ...]  # the stepped slots in slot order (sampling modes are data: one graph serves them all)
 
 
 class DecodeGraph:
-    """One decode step over a fixed list of slots, captured as a CUDA graph ending in each slot's sampler
-    and its logprobs; rows follow the list's order. The forward pass reads the rows' slots on the card
-    (slot-indexed mixers), so only the samplers, one set of buffers per slot, tie a graph to its slots.
-    The sampler is the full one for every slot: a greedy request's parameters make it take the arg-max and
-    skip the rest (sampling.cu's greedy exit), so the sampling mode is data in the slot's parameter buffer
-    and one graph serves any mix of modes (issue 28: keyed by modes, 4 slots had 80 possible graphs, 8
-    slots 6,560). Logprobs return at once unless the slot's request asked for them."""
+    """A decode step of `width` rows, captured as a CUDA graph ending in every row's sampler and logprobs.
+    Which slot a row continues is data (the batch's row → slot array), and so is each slot's sampling mode:
+    the sampler is the full one for every row, and a greedy request's parameters make it take the arg-max
+    and skip the rest (sampling.cu's greedy exit). So one graph serves any set of slots in any mix of modes
+    (issue 28: keyed by slot sets and modes, 4 slots had 80 possible graphs, 8 slots 6,560). Logprobs return
+    at once for rows whose slot did not ask for them."""
 
-    def __init__(self, fwd: ForwardPass, batch: SlotBatch, samplers: list[GpuSampler], logprobs: list[GpuLogprobs],
-                 width: int):
+    def __init__(self, fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int):
         self.fwd, self.card = fwd, fwd.card
         with self.card.capture(f"decode x{width}") as graph:
             fwd.run_slots(width, batch)
-            for row, (sampler, lp) in enumerate(zip(samplers, logprobs)):  # none on a card without the head
-                sampler.sample(fwd.logits_row(row))
-                lp.compute(fwd.logits_row(row), sampler.token)
+            if sampling is not None:  # none on a card without the head
+                sampling.sample_rows(fwd.logits, width, batch.row_slot)
+                sampling.logprob_rows(fwd.logits, width, batch.row_slot)
         self.graph = graph
-
-    def close(self) -> None:
-        self.card.release_graph(self.graph)
 
 
 class SlotDecoder:
@@ -113,23 +107,19 @@ class SlotDecoder:
         self.batch = SlotBatch(self.steps.view(4 * self._rows_at, 4 * MAX_SLOTS), self.steps.view(0, 4 * self._rope_at),
                                self.steps.view(4 * self._rope_at, 4 * ROPE_INTS * slots),
                                upload_slot_tables(card, self.seqs), like=self.seqs[0])
+        self.sampling: SlotSampling | None = None
         self.samplers: list[GpuSampler] = []
         self.logprobs: list[GpuLogprobs] = []
         if self.fwd.heads:
-            self.tokens = card.alloc(4 * slots, "slot tokens")  # each slot's picked token
-            self._host_tokens = card.pinned(slots, np.int32)
-            self.samplers = [GpuSampler(card, cfg.vocab_size, f"sampler{i}", token=self.tokens.view(4 * i, 4))
-                             for i in range(slots)]
-            size = LOGPROB_DTYPE.itemsize  # each slot's logprob record, read back in one copy
-            self.logprob_records = card.alloc(size * slots, "slot logprobs")
-            self._host_logprobs = card.pinned(size * slots, np.uint8)
-            self.logprobs = [GpuLogprobs(card, cfg.vocab_size, self.logprob_records.view(size * i, size),
-                                         f"logprobs{i}") for i in range(slots)]
+            self.sampling = SlotSampling(card, cfg.vocab_size, slots)
+            self.samplers, self.logprobs = self.sampling.samplers, self.sampling.logprobs
+            self._host_tokens = card.pinned(slots, np.int32)  # row b's pick, then row b's logprob record
+            self._host_logprobs = card.pinned(LOGPROB_DTYPE.itemsize * slots, np.uint8)
         else:  # this card's hidden rows, for the next card: portable, so the next context copies at full speed
             self.hidden_out = card.pinned((MAX_SLOTS, cfg.d_model), np.float32, portable=True)
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
-        self._graphs: OrderedDict[GraphKey, DecodeGraph] = OrderedDict()
+        self._graphs: dict[int, DecodeGraph] = {}  # by batch width
         self._warm_up()
         self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
                            if mtp is not None else None)
@@ -274,7 +264,7 @@ class SlotDecoder:
         for slot in slots:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
-        graph = self._graph(slots)
+        graph = self._graph(len(slots))
         self._write_steps(slots)
         if self.fwd.embeds:
             for row, slot in enumerate(slots):
@@ -291,19 +281,19 @@ class SlotDecoder:
             self.fwd.h.download_async(out)
             self.card.stream.synchronize()
             return out
-        self.tokens.download_async(self._host_tokens)
+        n, size = len(slots), LOGPROB_DTYPE.itemsize
+        self.sampling.tokens.view(0, 4 * n).download_async(self._host_tokens[:n])
         asked = [slot for slot in slots if self._top_logprobs[slot] is not None]
         if asked:
-            self.logprob_records.download_async(self._host_logprobs)
+            self.sampling.records.view(0, size * n).download_async(self._host_logprobs[: size * n])
         self.card.stream.synchronize()
-        size = LOGPROB_DTYPE.itemsize
         picks = {}
         for row, slot in enumerate(slots):
             logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)
                       if self._host_logits[slot] else None)
-            logprobs = (self._logprob_record(slot, self._host_logprobs[size * slot : size * (slot + 1)])
+            logprobs = (self._logprob_record(slot, self._host_logprobs[size * row : size * (row + 1)])
                         if slot in asked else None)
-            picks[slot] = Pick(int(self._host_tokens[slot]), logits, logprobs=logprobs)
+            picks[slot] = Pick(int(self._host_tokens[row]), logits, logprobs=logprobs)
         return picks
 
     def _write_steps(self, slots: Sequence[int]) -> None:
@@ -315,18 +305,11 @@ class SlotDecoder:
             self._host_steps[at : at + ROPE_INTS] = seq.next_rope_position
         self._host_steps[self._rows_at : self._rows_at + len(slots)] = slots
 
-    def _graph(self, slots: list[int]) -> DecodeGraph:
-        """The step graph for these slots (in slot order), captured on first use; least recently used evicted."""
-        key: GraphKey = tuple(slots)
-        graph = self._graphs.get(key)
+    def _graph(self, width: int) -> DecodeGraph:
+        """The step graph for `width` rows, captured on first use and kept (at most one per width)."""
+        graph = self._graphs.get(width)
         if graph is None:
-            samplers = [self.samplers[s] for s in slots] if self.samplers else []  # none without the head
-            logprobs = [self.logprobs[s] for s in slots] if self.logprobs else []
-            graph = DecodeGraph(self.fwd, self.batch, samplers, logprobs, len(slots))
-            self._graphs[key] = graph
-            if len(self._graphs) > MAX_GRAPHS:
-                self._graphs.popitem(last=False)[1].close()
-        self._graphs.move_to_end(key)
+            graph = self._graphs[width] = DecodeGraph(self.fwd, self.batch, self.sampling, width)
         return graph
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot:

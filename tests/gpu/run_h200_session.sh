@@ -8,6 +8,7 @@
 #   call 2: bash tests/gpu/run_h200_session.sh bench     carry [".kbz", ".whl"]
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
 #   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbz", ".whl"] (K-quant GEMV tests, sweeps, benches)
+#   or:     bash tests/gpu/run_h200_session.sh focus tests/gpu/test_x.py ...   carry [".kbz", ".whl"]
 #   llama.cpp beside rigllm on the K-quant files (issue 29), two calls: first the 9B Q8_0 bench (streams included)
 #   and llama-cpp-python's CUDA wheel from the stripped sdist (python -m engine.bench_peer.build SDIST
 #   .peer/llama-stripped.tar.gz, here), whose pieces come back in $OUT/peer; copy them to .peer/wheel, then
@@ -159,6 +160,21 @@ kq)  # K-quant GEMV variants: their GPU tests, the sweeps, then whole steps with
         wait
         echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"; grep -A3 "^depth" "$RES/$name.log"
     done ;;
+focus)  # after a change to a few kernels: the GPU tests named after `focus`, the API suite on cuda beside them, then
+        # the 9B Q8_0 bench (one and several streams)
+    setup
+    shift
+    job gpu-focus $(($(left) - 60)) python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 12 --timeout 200 \
+        -p no:benchmark "$@"
+    RIGLLM_TEST_BACKEND=cuda job api-cuda 300 python3 -m pytest -o addopts='' -q -rfE -n 2 --timeout 200 tests/api \
+        --ignore=tests/api/test_api_schema_fuzz.py
+    wait
+    for f in "$RES"/*.rc; do echo "$(basename "$f" .rc): $(cat "$f")"; done
+    tail -2 "$RES/gpu-focus.log" "$RES/api-cuda.log"
+    job bench-9b-q8_0 $(($(left) - 5)) python3 -m engine.cli bench --synthetic 9b --weights q8_0 --prompts 512 \
+        --depths 512,4096 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
+    wait
+    echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A14 "^depth" "$RES/bench-9b-q8_0.log" ;;
 peer-build)  # the 9B Q8_0 decode bench (one and several streams) first, then the wheel while the 9B GGUF is written
     setup
     job bench-9b-q8_0 150 python3 -m engine.cli bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512,4096 \

@@ -9,9 +9,9 @@ side is `cuda_src/common.cuh` ("slot-indexed"): a slot's step record follows the
 RIGLLM_GDN_SLOT_PTRS (conv, recurrent state) or RIGLLM_KV_SLOT_PTRS (K codes, K side, V codes, V side;
 the fp16 cache has no side planes) 64-bit addresses.
 
-Because nothing in a launch depends on which slots are stepped, one captured graph per batch width
-serves every set of slots; before a replay the host writes only the row → slot array (beside the
-positions it writes anyway). The sequences' own launches (prefill chunks, speculative verifies) keep
+Because nothing in a launch depends on which slots are stepped, the forward pass of one captured graph
+per batch width serves every set of slots (the samplers likewise: engine.cuda.slot_sampling); before a
+replay the host writes only the row → slot array (beside the positions it writes anyway). The sequences' own launches (prefill chunks, speculative verifies) keep
 passing their buffers directly.
 """
 

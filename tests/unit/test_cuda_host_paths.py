@@ -225,9 +225,8 @@ def test_a_logprob_record_reads_as_the_schedulers_token_logprob():
 
 
 def test_sampling_modes_are_data_one_graph_serves_greedy_and_sampled_slots(demo):
-    """Switching a slot between greedy and sampled requests reuses the step graph of its set of slots (the mode
-    is in the slot's parameter buffer, written at begin for greedy requests too), so 4 slots need at most 15
-    graphs, not 80."""
+    """Switching a slot between greedy and sampled requests reuses the step graph (the mode is in the slot's
+    parameter buffer, written at begin for greedy requests too)."""
     from engine.cuda.sampling import PARAMS_DTYPE
 
     card = FakeCard()

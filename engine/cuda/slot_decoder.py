@@ -68,11 +68,17 @@ class DecodeGraph:
     def __init__(self, fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int):
         self.fwd, self.card = fwd, fwd.card
         with self.card.capture(f"decode x{width}") as graph:
-            fwd.run_slots(width, batch)
-            if sampling is not None:  # none on a card without the head
-                sampling.sample_rows(fwd.logits, width, batch.row_slot)
-                sampling.logprob_rows(fwd.logits, width, batch.row_slot)
+            step_launches(fwd, batch, sampling, width)
         self.graph = graph
+
+
+def step_launches(fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int) -> None:
+    """The launches of a decode step of `width` rows (what a DecodeGraph holds): the slot-indexed pass, then,
+    on the card with the head, every row's sampler and logprobs."""
+    fwd.run_slots(width, batch)
+    if sampling is not None:
+        sampling.sample_rows(fwd.logits, width, batch.row_slot)
+        sampling.logprob_rows(fwd.logits, width, batch.row_slot)
 
 
 class SlotDecoder:
@@ -295,6 +301,13 @@ class SlotDecoder:
                         if slot in asked else None)
             picks[slot] = Pick(int(self._host_tokens[row]), logits, logprobs=logprobs)
         return picks
+
+    def prepare_step(self, slots: Sequence[int], token: int = 1) -> None:
+        """Write a step over `slots` (each fed `token`, at its position) to the card, synchronously, so that
+        `step_launches(self.fwd, self.batch, self.sampling, len(slots))` can be timed per kernel (benchmarks)."""
+        self._write_steps(slots)
+        self.steps.upload(self._host_steps)
+        self.fwd.ids.view(0, 4 * len(slots)).upload(np.full(len(slots), token, np.int32))
 
     def _write_steps(self, slots: Sequence[int]) -> None:
         """The host copy of the step buffer for a step over `slots` (row b continues slots[b]): every slot's

@@ -36,7 +36,7 @@ from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weig
 from engine.cuda.gemv import Q8Weight, alloc_q8_activations
 from engine.cuda.kq_weight import KQWeight
 from engine.cuda.matmul import MixedWeight, matmul
-from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder
+from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder, step_launches
 from engine.cuda.weights import GdnWeights, ModelWeights
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotBackend, SlotRequest
@@ -226,6 +226,14 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
     for n in streams:
         tps = decode_speed(batched, n, depths[0], decode_steps)
         multi[n] = {"tokens_per_s": tps, "per_stream_tokens_per_s": tps / n}
+    wide = min(max(streams), batched.slot_count)  # where the batched step's time goes at the widest batch
+    for slot in range(wide):
+        batched.seqs[slot].next_position = depths[0]
+    batched.prepare_step(list(range(wide)))
+    wide_breakdown = {"depth": depths[0], "streams": wide,
+                      **kernel_breakdown(card, lambda: step_launches(batched.fwd, batched.batch, batched.sampling, wide))}
+    for slot in range(wide):
+        batched.seqs[slot].reset()
     dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
     speedup = None
     if 4096 in prefill:
@@ -243,6 +251,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "concurrent_streams": {"depth": depths[0], "streams": multi},
         "prefill_4k_vs_fastest_decode": speedup,
         "decode_kernel_breakdown": breakdown,
+        "batched_step_kernel_breakdown": wide_breakdown,
         "cmp_kernel_model": project_step(cfg, breakdown, read_ceiling, matrix_read_bytes(weights, cfg)),
         "qengine_cmp": QENGINE.get(shape),
         "microbench": micro,
@@ -275,6 +284,12 @@ def render_table(r: dict[str, Any]) -> str:
     lines.append(f"decode step at depth {b['depth']}: {b['whole_us']:.0f} us whole, {b['sum_of_parts_us']:.0f} us as parts:")
     for name, k in list(b["kernels"].items())[:8]:
         lines.append(f"  {name:<28} x{k['launches']:<4} {k['us']:>7.0f} us")
+    w = r.get("batched_step_kernel_breakdown")
+    if w is not None:
+        lines.append(f"batched step of {w['streams']} streams: {w['whole_us']:.0f} us whole, {w['sum_of_parts_us']:.0f} us "
+                     "as parts:")
+        for name, k in list(w["kernels"].items())[:10]:
+            lines.append(f"  {name:<28} x{k['launches']:<4} {k['us']:>7.0f} us")
     if "cmp_kernel_model" in r:
         lines.append(render_projection(r["cmp_kernel_model"]))
     if r["prefill_4k_vs_fastest_decode"] is not None:

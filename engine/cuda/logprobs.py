@@ -10,11 +10,11 @@ the launches also run for several rows at once (`launch_logprobs`), each row wit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
-from dataclasses import dataclass
-
 from engine.cuda.sampling import SAMPLE_THREADS, default_parts
 from engine.generation.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 

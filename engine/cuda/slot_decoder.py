@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, KVSide
-from engine.cuda.slot_batch import SlotRows, slot_args
+from engine.cuda.slot_batch import KV_SLOT_PTRS, SlotRows, slot_args
 from engine.errors import RigllmError
 from engine.model.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
 
@@ -196,8 +196,8 @@ def side_rows(slots: SlotRows, value_side: bool) -> SlotRows:
     """`slots` for kv_encode of the K side (the layer's table as is) or the V side (its entries 2 and 3 first)."""
     if not value_side:
         return slots
-    table = slots.table
-    return SlotRows(slots.row_slot, table.view(16, table.nbytes - 16))
+    table, k_side_bytes = slots.table, 8 * KV_SLOT_PTRS // 2
+    return SlotRows(slots.row_slot, table.view(k_side_bytes, table.nbytes - k_side_bytes))
 
 
 def rotate_q(card: CudaCard, q: DeviceBuffer, q_rot: DeviceBuffer, n_rows: int, head_dim: int,

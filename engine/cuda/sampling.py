@@ -3,8 +3,8 @@ parameter layout the kernels read, and the fixed launch sequence.
 
 Only the chosen token id crosses PCIe (architecture rule 8). The launches also run for several logits rows
 at once (`rows`, `row_slot`: sampling.cu's "Rows"), which is how a decode step samples all its slots
-(engine.cuda.slot_sampling). The sequence is the same for every
-request (stages a request does not use exit at once), so it can be captured in the decode graph; what
+(engine.cuda.slot_sampling). The sequence is the same for every request (stages a request does not use
+exit at once), so it can be captured in the decode graph; what
 changes per request lives in the parameter buffer (`configure`) and the token counts (`reset_counts`,
 `count_tokens`), and the draw counter in the parameter buffer advances on the device with every draw.
 Semantics are `engine.generation.sampler.Sampler`'s; the kernel file explains how they are met

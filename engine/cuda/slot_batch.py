@@ -11,8 +11,8 @@ the fp16 cache has no side planes) 64-bit addresses.
 
 Because nothing in a launch depends on which slots are stepped, the forward pass of one captured graph
 per batch width serves every set of slots (the samplers likewise: engine.cuda.slot_sampling); before a
-replay the host writes only the row → slot array (beside the positions it writes anyway). The sequences' own launches (prefill chunks, speculative verifies) keep
-passing their buffers directly.
+replay the host writes only the row → slot array (beside the positions it writes anyway). The sequences'
+own launches (prefill chunks, speculative verifies) keep passing their buffers directly.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.sequence import DeviceSequence
 
+# Mirrors of common.cuh's #defines (a unit test checks them against the source).
 STEP_INTS = 2  # RIGLLM_STEP_INTS: [pos, n_tokens] per slot
 ROPE_INTS = 3  # (t, h, w) per slot
 GDN_SLOT_PTRS = 2  # RIGLLM_GDN_SLOT_PTRS

@@ -37,9 +37,9 @@ from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of
 from engine.cuda.sampling import GpuSampler
-from engine.cuda.slot_sampling import SlotSampling
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_tables
+from engine.cuda.slot_sampling import SlotSampling
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
 from engine.cuda.weights import ModelWeights, MtpWeights

@@ -23,7 +23,7 @@ class SlotSampling:
     """The sampling state of `slots` slots over a `vocab`-sized logits row, and scratch for `slots` rows."""
 
     def __init__(self, card: CudaCard, vocab: int, slots: int, label: str = "sampling"):
-        self.card, self.vocab, self.slots = card, vocab, slots
+        self.card, self.vocab = card, vocab
         parts = default_parts(card, vocab)
         self.params = card.alloc(PARAMS_DTYPE.itemsize * slots, f"{label}.params")
         self.counts = card.alloc(4 * vocab * slots, f"{label}.counts")

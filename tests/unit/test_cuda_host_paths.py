@@ -76,6 +76,20 @@ def test_a_batched_step_launches_each_mixer_once_with_its_rows_slots(demo, kv):
     assert names.count("gdn_recurrent") == len(cfg.gdn_layers) and names.count("attn_prep") == len(cfg.attention_layers)
 
 
+def test_slot_layout_constants_mirror_common_cuh():
+    """The step record and pointer-table widths the host writes are the ones the kernels read (common.cuh)."""
+    import re
+
+    from engine.cuda import slot_batch
+    from engine.cuda.kernel_build import CUDA_SRC_DIR
+
+    source = (CUDA_SRC_DIR / "common.cuh").read_text()
+    defines = {name: int(value) for name, value in re.findall(r"#define (RIGLLM_\w+) (\d+)", source)}
+    assert {k: defines[k] for k in ("RIGLLM_STEP_INTS", "RIGLLM_GDN_SLOT_PTRS", "RIGLLM_KV_SLOT_PTRS")} == {
+        "RIGLLM_STEP_INTS": slot_batch.STEP_INTS, "RIGLLM_GDN_SLOT_PTRS": slot_batch.GDN_SLOT_PTRS,
+        "RIGLLM_KV_SLOT_PTRS": slot_batch.KV_SLOT_PTRS}
+
+
 def test_pipeline_hands_rows_between_cards(demo):
     pipe = PipelineBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
                            card_factory=FakeCard)

@@ -22,6 +22,8 @@ at their fraction of 818 GB/s, latency-bound ones at clock-scaled time).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -113,15 +115,24 @@ def prefill_speed(dec: SlotDecoder, n_tokens: int) -> float:
     return n_tokens / (end.elapsed_ms(start) * 1e-3)
 
 
+@contextmanager
+def slots_at_depth(dec: SlotDecoder, streams: int, depth: int) -> Iterator[None]:
+    """Slots 0..streams-1 read their caches to `depth` inside the block (without filling them: the values do
+    not change the speed) and are empty after it."""
+    for slot in range(streams):
+        dec.seqs[slot].next_position = depth
+    try:
+        yield
+    finally:
+        for slot in range(streams):
+            dec.seqs[slot].reset()
+
+
 def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int, params: SamplingParams = GREEDY) -> float:
     """Aggregate tokens per second of `steps` graph-replayed steps of slots 0..streams-1 at `depth` (greedy
     unless `params` say otherwise)."""
-    for slot in range(streams):
-        dec.seqs[slot].next_position = depth
-    tps = slot_decode_speed(dec, streams, steps, params)
-    for slot in range(streams):
-        dec.seqs[slot].reset()
-    return tps
+    with slots_at_depth(dec, streams, depth):
+        return slot_decode_speed(dec, streams, steps, params)
 
 
 def slot_decode_speed(slots: SlotBackend, streams: int, steps: int, params: SamplingParams = GREEDY) -> float:
@@ -227,13 +238,10 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         tps = decode_speed(batched, n, depths[0], decode_steps)
         multi[n] = {"tokens_per_s": tps, "per_stream_tokens_per_s": tps / n}
     wide = min(max(streams), batched.slot_count)  # where the batched step's time goes at the widest batch
-    for slot in range(wide):
-        batched.seqs[slot].next_position = depths[0]
-    batched.prepare_step(list(range(wide)))
-    wide_breakdown = {"depth": depths[0], "streams": wide,
-                      **kernel_breakdown(card, lambda: step_launches(batched.fwd, batched.batch, batched.sampling, wide))}
-    for slot in range(wide):
-        batched.seqs[slot].reset()
+    with slots_at_depth(batched, wide, depths[0]):
+        batched.prepare_step(list(range(wide)))
+        wide_breakdown = {"depth": depths[0], "streams": wide, **kernel_breakdown(
+            card, lambda: step_launches(batched.fwd, batched.batch, batched.sampling, wide))}
     dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
     speedup = None
     if 4096 in prefill:

@@ -93,26 +93,56 @@ extern "C" __global__ void token_counts_add(int* __restrict__ counts, const int*
     }
 }
 
-// scores = penalised logits (may alias logits); part[block] = that block's argmax / finite count / bad flag.
+// A token the step's mask leaves out (bit v % 32 of word v / 32 clear) scores -inf.
+__device__ __forceinline__ float masked(float s, const unsigned* mask, int v) {
+    return mask != nullptr && !((mask[v >> 5] >> (v & 31)) & 1u) ? NEG_INF_F : s;
+}
+
+// scores = the request's view of the logits (may alias logits): its logit_bias added, the penalties applied, then
+// the step's token mask; part[block] = that block's argmax / finite count / bad flag. Constraints (engine/cuda/
+// token_masks.py): mask_entry [slots] holds each slot's entry in mask_pool ([entries][mask_words] bitsets) for this
+// step, -1 for none; bias [slots] each slot's logit_bias. Both may be null (no constraints), and move per row with
+// row_slot like params. The bias's few ids are rewritten by the block that owns them after the plain pass.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_scores(const float* logits, const int* __restrict__ counts, const SampleParams* __restrict__ params,
-              float* scores, ArgmaxPartial* __restrict__ part, int V, const int* __restrict__ row_slot) {
+              float* scores, ArgmaxPartial* __restrict__ part, int V, const int* __restrict__ row_slot,
+              const int* __restrict__ mask_entry, const unsigned* __restrict__ mask_pool, int mask_words,
+              const LogitBias* __restrict__ bias) {
     const int row = blockIdx.y;
     logits += (size_t)row * V;
     scores += (size_t)row * V;
     part += (size_t)row * gridDim.x;
     if (row_slot != nullptr) {
-        params += row_slot[row];
-        counts += (size_t)row_slot[row] * V;
+        const int slot = row_slot[row];
+        params += slot;
+        counts += (size_t)slot * V;
+        if (mask_entry != nullptr) mask_entry += slot;
+        if (bias != nullptr) bias += slot;
     }
     const SampleParams& p = *params;  // read in place: a copy of the record spilled once params moved per row
     const bool penalties = p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+    const unsigned* mask = mask_entry != nullptr && *mask_entry >= 0 ? mask_pool + (size_t)*mask_entry * mask_words
+                                                                     : nullptr;
+    const int n_bias = bias != nullptr ? bias->n : 0;
     int begin, end;
     block_slice(V, gridDim.x, blockIdx.x, &begin, &end);
-    if (penalties) {
-        for (int v = begin + (int)threadIdx.x; v < end; v += SAMPLE_THREADS) scores[v] = penalize(logits[v], counts[v], p);
+    if (penalties || mask != nullptr) {
+        for (int v = begin + (int)threadIdx.x; v < end; v += SAMPLE_THREADS) {
+            const float x = logits[v];
+            scores[v] = masked(penalties ? penalize(x, counts[v], p) : x, mask, v);
+        }
     } else if (scores != logits) {
         for (int v = begin + (int)threadIdx.x; v < end; v += SAMPLE_THREADS) scores[v] = logits[v];
+    }
+    if (n_bias > 0) {
+        __syncthreads();  // the plain pass's writes to a biased id come first
+        for (int i = threadIdx.x; i < n_bias; i += SAMPLE_THREADS) {
+            const int v = bias->ids[i];
+            if (v < begin || v >= end) continue;
+            const float x = logits[v] + bias->values[i];
+            scores[v] = masked(penalties ? penalize(x, counts[v], p) : x, mask, v);
+        }
+        __syncthreads();
     }
     ArgmaxPartial acc = empty_partial();
     scan_slice(scores, begin, end, &acc);

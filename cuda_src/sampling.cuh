@@ -24,6 +24,15 @@ struct SampleParams {
     int reserved;
 };
 
+// A request's logit_bias (OpenAI's: at most RIGLLM_MAX_LOGIT_BIAS distinct ids), added to the logits before the
+// penalties; written by the host once per request.
+#define RIGLLM_MAX_LOGIT_BIAS 300
+struct LogitBias {
+    int n;
+    int ids[RIGLLM_MAX_LOGIT_BIAS];
+    float values[RIGLLM_MAX_LOGIT_BIAS];
+};
+
 struct __align__(16) ArgmaxPartial {
     float value;
     int index;

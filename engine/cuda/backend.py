@@ -27,6 +27,7 @@ from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.generation.speculative import SpeculationStats
+from engine.generation.token_mask import TokenMask
 from engine.gguf.loader import LoadedModel
 from engine.vision.mmproj import LoadedMmproj
 from engine.sparse.profile import SparseProfile
@@ -140,11 +141,11 @@ class CudaBackend:
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         self.slots.prefill_slot(slot, token_ids)
 
-    def begin(self, slot: int, request: SlotRequest) -> Pick:
-        return self.slots.begin(slot, request)
+    def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
+        return self.slots.begin(slot, request, mask)
 
-    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
-        return self.slots.step(feeds)
+    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
+        return self.slots.step(feeds, masks)
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot:
         return self.slots.snapshot_slot(slot)

@@ -169,6 +169,7 @@ class DeviceBuffer:
         host = self._host(array)
         with self.card._errors(f"upload to '{self.label}'"):
             self.card._cuda.memcpy_htod(self.ptr, host)
+        self.card.h2d_bytes += host.nbytes
 
     def upload_async(self, array: np.ndarray, stream: Stream | None = None) -> None:
         """Stream-ordered copy of `array` to this buffer (pinned `array` makes it truly asynchronous)."""
@@ -176,6 +177,7 @@ class DeviceBuffer:
         host = self._host(array)
         with self.card._errors(f"upload to '{self.label}'"):
             self.card._cuda.memcpy_htod_async(self.ptr, host, (stream or self.card.stream)._stream)
+        self.card.h2d_bytes += host.nbytes
 
     def download(self, dtype: Any, shape: int | Sequence[int]) -> np.ndarray:
         """The first prod(shape) elements as a new host array, synchronously."""
@@ -185,6 +187,7 @@ class DeviceBuffer:
             raise ValueError(f"{out.nbytes} bytes requested from buffer '{self.label}' of {self.nbytes} bytes")
         with self.card._errors(f"download from '{self.label}'"):
             self.card._cuda.memcpy_dtoh(out, self.ptr)
+        self.card.d2h_bytes += out.nbytes
         return out
 
     def download_async(self, out: np.ndarray, stream: Stream | None = None) -> None:
@@ -194,6 +197,7 @@ class DeviceBuffer:
             raise ValueError(f"download target must be C-contiguous and at most {self.nbytes} bytes")
         with self.card._errors(f"download from '{self.label}'"):
             self.card._cuda.memcpy_dtoh_async(out, self.ptr, (stream or self.card.stream)._stream)
+        self.card.d2h_bytes += out.nbytes
 
     def fill_zero(self, stream: Stream | None = None) -> None:
         self.card._check_thread()
@@ -330,6 +334,8 @@ class CudaCard:
         self.l2_bytes = int(self.device.get_attribute(attr.L2_CACHE_SIZE))
         self.capacity_bytes = capacity_bytes
         self._ledger: dict[str, int] = {}
+        # bytes copied host → card and card → host through DeviceBuffer, for benchmarks of what crosses PCIe
+        self.h2d_bytes = self.d2h_bytes = 0
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()
         self._graphs: list[CapturedGraph] = []
         self._graph_api: GraphApi | None = None

@@ -41,6 +41,7 @@ from engine.model.model_footprint import footprint_of
 from engine.generation.sampler import SamplingParams
 from engine.generation.backend import CardSpec
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
+from engine.generation.token_mask import TokenMask
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 from engine.vision.mmproj import LoadedMmproj
@@ -275,14 +276,14 @@ class PipelineBackend:
             run.fail(err)
 
     # ---- decode ------------------------------------------------------------------------------------
-    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
         hidden = None
         for t, st in zip(self.threads[:-1], self.stages[:-1]):
             hidden = self._hop(t.call(st.decoder.step_part, feeds, hidden))
-        return self.threads[-1].call(self.stages[-1].decoder.step_part, feeds, hidden)
+        return self.threads[-1].call(self.stages[-1].decoder.step_part, feeds, hidden, masks)
 
-    def begin(self, slot: int, request: SlotRequest) -> Pick:
-        return self.threads[-1].call(self.stages[-1].decoder.begin, slot, request)
+    def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
+        return self.threads[-1].call(self.stages[-1].decoder.begin, slot, request, mask)
 
     # ---- slots -------------------------------------------------------------------------------------
     def _on_all(self, method: str, *args) -> list:

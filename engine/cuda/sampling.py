@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.cuda.token_masks import Constraints
 from engine.generation.sampler import SamplingParams
 
 # struct SampleParams in sampling.cu (float64 like the reference, so penalties round exactly as it does).
@@ -130,15 +131,20 @@ def alloc_scratch(card: CudaCard, vocab: int, parts: int, rows: int, label: str)
 def launch_select(card: CudaCard, logits: DeviceBuffer, params: DeviceBuffer, counts: DeviceBuffer,
                   scores: DeviceBuffer, partials: DeviceBuffer, support: Support, hist: DeviceBuffer,
                   token: DeviceBuffer, vocab: int, parts: int, rows: int = 1, row_slot: DeviceBuffer | None = None,
-                  stream: Stream | None = None) -> None:
+                  stream: Stream | None = None, constraints: Constraints | None = None) -> None:
     """`GpuSampler.select`'s launches for `rows` logits rows ([rows][V] from `logits`) and row-major scratch;
-    with `row_slot`, params and counts are every slot's ([slots] records, [slots][V]) and row r uses slot
-    row_slot[r]'s."""
+    with `row_slot`, params, counts and `constraints` are every slot's ([slots] records, [slots][V]) and row r
+    uses slot row_slot[r]'s. `constraints` (masks and logit_bias: engine.cuda.token_masks) need `scores` apart
+    from `logits`: the bias is added to the raw logit after the plain pass."""
     if logits.nbytes < 4 * vocab * rows:
         raise ValueError(f"logits buffer of {logits.nbytes} bytes < {4 * vocab * rows} for {rows} rows of the vocabulary")
+    if constraints is not None and scores.ptr == logits.ptr:
+        raise ValueError("constrained sampling needs scores apart from the logits")
     k = card.kernel
     v, p, t = np.int32(vocab), np.int32(parts), SAMPLE_THREADS
-    k("sample_scores").launch((parts, rows), t, logits, counts, params, scores, partials, v, row_slot, stream=stream)
+    limits = constraints.args() if constraints is not None else (None, None, np.int32(0), None)
+    k("sample_scores").launch((parts, rows), t, logits, counts, params, scores, partials, v, row_slot, *limits,
+                              stream=stream)
     k("sample_prepare").launch((1, rows), t, partials, p, params, support.state, hist, counts, token, v, row_slot,
                                stream=stream)
     for slot in range(SELECT_SLOTS):
@@ -166,10 +172,12 @@ class GpuSampler:
     """
 
     def __init__(self, card: CudaCard, vocab: int, label: str = "sampler", parts: int | None = None,
-                 params: DeviceBuffer | None = None, counts: DeviceBuffer | None = None, scratch: Scratch | None = None):
+                 params: DeviceBuffer | None = None, counts: DeviceBuffer | None = None, scratch: Scratch | None = None,
+                 constraints: Constraints | None = None):
         """`params` and `counts`: the slot's request state where a decoder keeps every slot's side by side
         (engine.cuda.slot_sampling); `scratch`: a one-row scratch it shares between its slots' samplers (their
-        passes run one at a time on the card's stream). Each is allocated here when not given."""
+        passes run one at a time on the card's stream). Each is allocated here when not given. `constraints`:
+        the slot's mask entry and logit_bias (engine.cuda.token_masks), which `sample` applies."""
         if vocab < 1:
             raise ValueError(f"vocabulary size {vocab} must be positive")
         self.card = card
@@ -177,6 +185,7 @@ class GpuSampler:
         self.parts = scratch.parts if scratch is not None else parts if parts is not None else default_parts(card, vocab)
         self.params = params if params is not None else card.alloc(PARAMS_DTYPE.itemsize, f"{label}.params")
         self.counts = counts if counts is not None else card.alloc(4 * vocab, f"{label}.counts")
+        self.constraints = constraints
         scratch = scratch if scratch is not None else alloc_scratch(card, vocab, self.parts, 1, label)
         self.scratch = scratch
         self.support, self.partials, self.hist, self.scores, self.token = (
@@ -207,18 +216,20 @@ class GpuSampler:
     def sample(self, logits: DeviceBuffer, stream: Stream | None = None) -> None:
         """Penalise, filter and draw from fp32 `logits` [vocab]; the id (-1 on NaN/+inf logits) goes to `token`.
 
-        The pick is added to the counts and, unless greedy, the draw counter advances by one.
+        The pick is added to the counts and, unless greedy, the draw counter advances by one. The slot's
+        constraints (when it has them) apply.
         """
-        self.select(logits, self.scores, self.support, self.token, stream)
+        self.select(logits, self.scores, self.support, self.token, stream, self.constraints)
         self.draw(self.scores, self.support, self.counts, self.token, stream)
 
     def select(self, logits: DeviceBuffer, scores: DeviceBuffer, support: Support, token: DeviceBuffer,
-               stream: Stream | None = None) -> None:
-        """The first part of `sample`: penalties (by this sampler's counts) into `scores` (which may be
-        `logits` itself), then the support of the request's filters into `support`. A greedy request's
-        pick, or -1 for a row with NaN/+inf, is written to `token` here already."""
+               stream: Stream | None = None, constraints: Constraints | None = None) -> None:
+        """The first part of `sample`: penalties (by this sampler's counts) and `constraints` if given into
+        `scores` (which may be `logits` itself when there are none: speculative rounds, never constrained),
+        then the support of the request's filters into `support`. A greedy request's pick, or -1 for a row
+        with NaN/+inf, is written to `token` here already."""
         launch_select(self.card, logits, self.params, self.counts, scores, self.partials, support, self.hist, token,
-                      self.vocab, self.parts, stream=stream)
+                      self.vocab, self.parts, stream=stream, constraints=constraints)
 
     def draw(self, scores: DeviceBuffer, support: Support, counts: DeviceBuffer, token: DeviceBuffer,
              stream: Stream | None = None) -> None:

@@ -42,12 +42,14 @@ from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_
 from engine.cuda.slot_sampling import SlotSampling
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
+from engine.cuda.token_masks import NO_MASK
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
 from engine.generation.logprobs import TokenLogprob
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.model.kv_formats import KVFormat
 from engine.generation.speculative import SpeculationStats
+from engine.generation.token_mask import TokenMask
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import text_positions
 from engine.sparse.profile import SparseProfile
@@ -102,11 +104,12 @@ class SlotDecoder:
         if sparse is not None and cfg.attention_layers:
             layers = [i for i in cfg.attention_layers if i in weights.span]
             self.fwd.sparse = SparsePrefill(card, sparse, self.fwd.dims, layers, chunk, context, kv)
-        # [slot][pos, n_tokens], then [slot][t, h, w], then [row] slot: each slot's step and decode rope
-        # position and the stepped rows' slots, one upload per step
+        # [slot][pos, n_tokens], then [slot][t, h, w], then [row] slot, then [slot] mask entry: each slot's step and
+        # decode rope position, the stepped rows' slots and each slot's mask for the step, one upload per step
         self._rope_at, self._rows_at = STEP_INTS * slots, (STEP_INTS + ROPE_INTS) * slots
-        self.steps = card.alloc(4 * (self._rows_at + MAX_SLOTS), "slot steps")
-        self._host_steps = card.pinned(self._rows_at + MAX_SLOTS, np.int32)
+        self._masks_at = self._rows_at + MAX_SLOTS
+        self.steps = card.alloc(4 * (self._masks_at + slots), "slot steps")
+        self._host_steps = card.pinned(self._masks_at + slots, np.int32)
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)
         self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(4 * STEP_INTS * i, 4 * STEP_INTS),
                                     weights.span, kv) for i in range(slots)]
@@ -117,7 +120,7 @@ class SlotDecoder:
         self.samplers: list[GpuSampler] = []
         self.logprobs: list[GpuLogprobs] = []
         if self.fwd.heads:
-            self.sampling = SlotSampling(card, cfg.vocab_size, slots)
+            self.sampling = SlotSampling(card, cfg.vocab_size, slots, self.steps.view(4 * self._masks_at, 4 * slots))
             self.samplers, self.logprobs = self.sampling.samplers, self.sampling.logprobs
             self._host_tokens = card.pinned(slots, np.int32)  # row b's pick, then row b's logprob record
             self._host_logprobs = card.pinned(LOGPROB_DTYPE.itemsize * slots, np.uint8)
@@ -218,23 +221,27 @@ class SlotDecoder:
             self.fwd.h.download_async(out[:n])
             self.card.stream.synchronize()
 
-    def begin(self, slot: int, request: SlotRequest) -> Pick:
-        """Set up the slot's sampler (parameters and the penalty history on the device) and pick from the
-        prefill's logits (row 0)."""
+    def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
+        """Set up the slot's sampler (parameters, logit_bias and the penalty history on the device) and pick from
+        the prefill's logits (row 0), among the tokens `mask` allows."""
         sampler, params = self.samplers[slot], request.params
         self._host_logits[slot] = request.host_logits
         self._top_logprobs[slot] = request.logprobs
         self.logprobs[slot].want(request.logprobs is not None)
         sampler.configure(params)  # the step graph's sampler reads the mode from here
         sampler.reset_counts()
-        if params.plain_greedy:
-            sampler.argmax(self.fwd.logits_row(0))
-        else:  # the penalties see the prompt
+        self.sampling.set_bias(slot, request.logit_bias)
+        entry = NO_MASK if mask is None else self.sampling.masks.entry(mask)
+        self.steps.view(4 * (self._masks_at + slot), 4).upload(np.array([entry], np.int32))
+        if not params.plain_greedy:  # the penalties see the prompt
             ids = np.asarray(request.history, dtype=np.int32)
             for start in range(0, len(ids), self.prefill_chunk):
                 part = ids[start : start + self.prefill_chunk]
                 self.fwd.ids.view(0, 4 * len(part)).upload(part)
                 sampler.count_tokens(self.fwd.ids, len(part))
+        if params.plain_greedy and not request.constrained:
+            sampler.argmax(self.fwd.logits_row(0))
+        else:
             sampler.sample(self.fwd.logits_row(0))
         logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
         logprobs = None
@@ -249,29 +256,33 @@ class SlotDecoder:
         """The slot's downloaded LOGPROB_DTYPE bytes as its pick's logprobs."""
         return token_logprob_of(raw.view(LOGPROB_DTYPE)[0], self._top_logprobs[slot])
 
-    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
         """Feed each slot its token and pick its next one, all in one graph replay (single card); a slot fed
-        alone may take a speculative round instead."""
-        if self.speculator and len(feeds) == 1:
+        alone may take a speculative round instead (never a masked one)."""
+        if self.speculator and len(feeds) == 1 and not masks:
             (slot, token), = feeds.items()
             pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, token))
             if pick is not None:
                 return {slot: pick}
-        picks = self.step_part(feeds)
+        picks = self.step_part(feeds, masks=masks)
         if self.speculator:
             self.speculator.stepped(feeds)
         return picks  # type: ignore[return-value]
 
-    def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
+    def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None,
+                  masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick] | np.ndarray:
         """One decode step of the slots in `feeds` on this card. The first card embeds the fed tokens, a later
-        card starts from `hidden` (rows in slot order). The last card returns each slot's pick; another card
-        returns its hidden rows (in host memory, copied and fenced)."""
+        card starts from `hidden` (rows in slot order). The last card returns each slot's pick (a slot in
+        `masks` among the tokens its mask allows); another card returns its hidden rows (in host memory,
+        copied and fenced)."""
         slots = sorted(feeds)
         for slot in slots:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
         graph = self._graph(len(slots))
-        self._write_steps(slots)
+        entries = ({slot: self.sampling.masks.entry(mask) for slot, mask in masks.items()}
+                   if masks and self.sampling is not None else {})
+        self._write_steps(slots, entries)
         if self.fwd.embeds:
             for row, slot in enumerate(slots):
                 self._host_ids[row] = feeds[slot]
@@ -309,13 +320,15 @@ class SlotDecoder:
         self.steps.upload(self._host_steps)
         self.fwd.ids.view(0, 4 * len(slots)).upload(np.full(len(slots), token, np.int32))
 
-    def _write_steps(self, slots: Sequence[int]) -> None:
+    def _write_steps(self, slots: Sequence[int], mask_entries: Mapping[int, int] | None = None) -> None:
         """The host copy of the step buffer for a step over `slots` (row b continues slots[b]): every slot's
-        next position with one token, its rope position, and the rows' slots."""
+        next position with one token, its rope position, the rows' slots, and every slot's mask pool entry
+        (`mask_entries`, NO_MASK for the slots not there)."""
         for slot, seq in enumerate(self.seqs):
             self._host_steps[STEP_INTS * slot : STEP_INTS * (slot + 1)] = (seq.next_position, 1)
             at = self._rope_at + ROPE_INTS * slot
             self._host_steps[at : at + ROPE_INTS] = seq.next_rope_position
+            self._host_steps[self._masks_at + slot] = (mask_entries or {}).get(slot, NO_MASK)
         self._host_steps[self._rows_at : self._rows_at + len(slots)] = slots
 
     def _graph(self, width: int) -> DecodeGraph:

@@ -101,7 +101,7 @@ class CudaSpeculator:
         """Speculate for this request when it allows it and the slot's head is in step."""
         self._requests.pop(slot, None)
         params = request.params
-        if (not request.speculative or request.host_logits or request.logprobs is not None
+        if (not request.speculative or request.host_logits or request.logprobs is not None or request.constrained
                 or not self.caches[slot].in_step):
             return
         if params.greedy and not params.plain_greedy:

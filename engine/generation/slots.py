@@ -12,6 +12,10 @@ prefills prompt segments that carry image embedding rows and M-RoPE positions. `
 over a backend with `forward_embedded` (the reference's); the CUDA backends have it natively when
 loaded with an mmproj (vision tower).
 
+Constraints are applied where a backend samples: a request's `logit_bias`, and for a `masked` request the
+token mask that comes with each pick (`begin`'s `mask`, `step`'s `masks`: engine.generation.token_mask) —
+on the card for CUDA, on the host for `HostSlots`. Only ids (and logprob records) come back.
+
 Speculative decoding is another (engine.generation.speculative): a step may then return several
 tokens for a slot (`Pick.extra`); all but the last are already consumed by the slot's state, and the
 last is the one fed at the next step. `HostSlots` speculates over a backend's `speculative_model` (the
@@ -32,6 +36,7 @@ from engine.generation.backend import Backend, takes_embeddings
 from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.speculative import MtpSpeculator, SpeculationStats, speculation_rng
+from engine.generation.token_mask import TokenMask, constrain_row
 from engine.reference.speculative_state import MtpTrail
 from engine.gguf.config import ModelConfig
 
@@ -45,11 +50,22 @@ class SlotRequest:
 
     params: SamplingParams
     history: Sequence[int]  # the tokens the penalties see before the first pick (the prompt)
-    host_logits: bool = False  # return each step's logits row (constrained decoding, logit_bias, forced tokens)
-    speculative: bool = True  # draft with the MTP head when the backend speculates (never with host_logits or logprobs)
+    host_logits: bool = False  # return each step's logits row (backend comparisons and tests)
+    # draft with the MTP head when the backend speculates (never with host_logits, logprobs or constraints)
+    speculative: bool = True
     # the picked token's logprob and this many alternatives (0..MAX_TOP_LOGPROBS) in every Pick, computed where
     # the logits are (on the card for the CUDA backend: 176 bytes read back instead of the row)
     logprobs: int | None = None
+    # token id → bias added to the raw logits before every pick (OpenAI's logit_bias: at most 300 ids)
+    logit_bias: Mapping[int, float] | None = None
+    # the request's picks may come with a token mask (`begin`'s and `step`'s masks: a grammar, a forced
+    # token), so the slot takes one token per step
+    masked: bool = False
+
+    @property
+    def constrained(self) -> bool:
+        """The picks are biased or masked: only the backend's plain sampler may take them, one per step."""
+        return self.masked or bool(self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -95,11 +111,13 @@ class SlotBackend(Protocol):
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         """Continue the slot's sequence with `token_ids`; keeps the last token's logits for `begin`."""
 
-    def begin(self, slot: int, request: SlotRequest) -> Pick:
-        """Configure the slot's sampling for a request and pick its first token from the prefill's logits."""
+    def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
+        """Configure the slot's sampling for a request and pick its first token from the prefill's logits
+        (among the tokens `mask` allows, for a `masked` request: engine.generation.token_mask)."""
 
-    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
-        """Feed one token to each slot in `feeds` (slot → token) and pick each slot's next token."""
+    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
+        """Feed one token to each slot in `feeds` (slot → token) and pick each slot's next token, a slot in
+        `masks` among the tokens its mask allows."""
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot | None:
         """A copy of the slot's state, or None when this backend cannot take one."""
@@ -134,6 +152,7 @@ class _HostSlot:
         self.history: list[int] = []
         self.host_logits = False
         self.top_logprobs: int | None = None
+        self.bias: Mapping[int, float] | None = None
         self.trail = trail  # the MTP head's owed rows; None: no head upkeep (no speculator, or images seen)
         self.speculate = False
         self.rng: np.random.Generator | None = None
@@ -201,7 +220,7 @@ class HostSlots:
         s.trail = None
         s.logits = self.backend.forward_embedded(segment, s.sequence)  # type: ignore[attr-defined]
 
-    def begin(self, slot: int, request: SlotRequest) -> Pick:
+    def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
         s = self._slots[slot]
         if s.logits is None:
             raise RuntimeError("begin() needs a prefill first")
@@ -209,12 +228,14 @@ class HostSlots:
         s.history = list(request.history)
         s.host_logits = request.host_logits
         s.top_logprobs = request.logprobs
+        s.bias = request.logit_bias
         s.speculate = (s.trail is not None and request.speculative and not request.host_logits
-                       and request.logprobs is None)
+                       and request.logprobs is None and not request.constrained)
         s.rng = speculation_rng(request.params.seed) if s.speculate else None
-        return self._pick(s)
+        return self._pick(s, mask)
 
-    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
+        masks = masks or {}
         picks = {}
         for slot, token in feeds.items():
             s = self._slots[slot]
@@ -226,7 +247,7 @@ class HostSlots:
                 picks[slot] = pick
                 continue
             s.logits = self._forward(s, [token])
-            picks[slot] = self._pick(s)
+            picks[slot] = self._pick(s, masks.get(slot))
         return picks
 
     def _speculate(self, s: _HostSlot, token: int) -> list[int] | None:
@@ -234,13 +255,15 @@ class HostSlots:
         return self.speculator.round(s.sequence, s.trail, token, s.sampler, s.history, s.rng)
 
     @staticmethod
-    def _pick(s: _HostSlot) -> Pick:
+    def _pick(s: _HostSlot, mask: TokenMask | None) -> Pick:
+        """The slot's pick from its logits row, with the request's bias and the step's mask; logprobs are of
+        the raw row."""
         assert s.sampler is not None and s.logits is not None
         logits = s.logits
         kept = logits if s.host_logits else None
         if np.isnan(logits).any() or np.isposinf(logits).any():
             return Pick(-1, kept)
-        token = s.sampler.sample(logits, s.history)
+        token = s.sampler.sample(constrain_row(logits, s.bias, mask), s.history)
         logprobs = token_logprobs(logits, token, s.top_logprobs) if s.top_logprobs is not None else None
         return Pick(token, kept, logprobs=logprobs)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.generation.serving.request_error import APIError
+from engine.generation.token_mask import MAX_LOGIT_BIAS
 from engine.generation.tokenizer import Tokenizer
 
 MAX_CHOICES = 8
@@ -87,6 +88,9 @@ def token_bias(logit_bias: dict[str, float] | None, vocab_size: int) -> dict[int
     """OpenAI's `logit_bias` (token id strings to -100..100) as ids; -100 bans a token, 100 all but forces it."""
     if not logit_bias:
         return None
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens, got {len(logit_bias)}",
+                       param="logit_bias")
     bias: dict[int, float] = {}
     for key, value in logit_bias.items():
         try:

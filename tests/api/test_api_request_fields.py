@@ -116,3 +116,8 @@ def test_logit_bias_forces_and_bans(client, server):
 def test_logit_bias_out_of_range_is_400(client, server):
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         chat(client, server, logit_bias={"1": 300})
+
+
+def test_logit_bias_over_openais_300_tokens_is_400(client, server):
+    with pytest.raises(openai.BadRequestError, match="at most 300"):
+        chat(client, server, logit_bias={str(i): 1.0 for i in range(301)})

@@ -8,7 +8,10 @@
 - draws: 20000 draws of a captured sampling graph follow `Sampler.distribution` (chi-square test with
   bins of expected count >= 5, the rest pooled, at p = 1e-6 so a correct kernel never fails) and never
   leave the support;
-- replays: the same (seed, counter) draws the same token, eager or replayed from a graph.
+- replays: the same (seed, counter) draws the same token, eager or replayed from a graph;
+- constraints (a logit_bias record and a token mask from the pool: engine.cuda.token_masks): the scores equal
+  the reference's penalties over `constrain_row` (bias added in fp32, then the mask) bit for bit, and the
+  support is the reference's over that row.
 
 The test data must not sit on a filter's knife edge (a top-p cumulative mass or min-p weight within
 1e-6 relative of the boundary): the GPU computes weights in fp32 and the reference in float64, so
@@ -25,7 +28,9 @@ import numpy as np
 import pytest
 
 from engine.cuda.sampling import GpuSampler
+from engine.cuda.token_masks import Constraints, MaskPool, pack_bias
 from engine.generation.sampler import Sampler, SamplingParams
+from engine.generation.token_mask import constrain_row, mask_of
 from tests.chi_square import Z_1E6, critical_value
 from tests.gpu.gpu_fixtures import assert_equal
 
@@ -394,3 +399,45 @@ def test_graph_replays_match_eager_runs(card, rng, sampler):
             assert_equal(replayed[2], eager[2], f"{params}: counts")
     finally:
         graph.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# constraints
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5),
+                                    SamplingParams(temperature=0.8, top_k=40, frequency_penalty=0.3)],
+                         ids=["greedy_penalties", "sampled_top_k"])
+def test_constraints_match_the_reference_row(card, rng, params):
+    """A slot's bias and mask: biased ids inside and outside the mask, on penalised tokens, a ban (-100) on
+    the best allowed token and a +100 that the mask refuses; everything else plain."""
+    logits = normal_logits(rng)
+    history = history_of(rng, logits)
+    allowed = rng.random(VOCAB) < 0.3
+    best = np.argsort(-np.where(allowed, logits, -np.inf))[:3]
+    refused = int(np.flatnonzero(~allowed)[0])
+    bias = {int(best[0]): -100.0, int(best[1]): 2.5, refused: 100.0, int(history[-1]): 1.25}
+    bias.update({int(i): float(v) for i, v in zip(rng.choice(VOCAB, 200, replace=False), rng.normal(0, 3, 200))})
+    mask = mask_of(allowed)
+    pool = MaskPool(card, VOCAB, entries=4, label="test.masks")
+    entry = card.upload(np.array([pool.entry(mask)], np.int32), "test.mask_entry")
+    constraints = Constraints(entry, pool.buffer, pool.words, card.upload(pack_bias(bias, VOCAB), "test.bias"))
+    sampler = GpuSampler(card, VOCAB, "test.constrained", constraints=constraints)
+    try:
+        load_history(card, sampler, history)()
+        sampler.configure(dataclasses.replace(params, seed=3))
+        sampler.sample(card.upload(logits, "test.logits"))
+        row = constrain_row(logits, bias, mask)
+        reference = Sampler(params)
+        expected = reference.apply_penalties(row, history).astype(np.float32)
+        assert_equal(sampler.scores.download(np.float32, VOCAB), expected, "constrained scores")
+        token = sampler.read_token()
+        assert allowed[token] and token != best[0]
+        if params.greedy:
+            assert token == reference.sample(row, history)
+        else:
+            support = np.sort(reference.distribution(row, history)[0])
+            assert np.array_equal(gpu_support(expected, sampler.read_state()), support)
+            assert token in set(support.tolist())
+    finally:
+        sampler.free()

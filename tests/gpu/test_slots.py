@@ -174,3 +174,43 @@ def test_logprobs_from_the_card_equal_the_host_on_the_same_rows(demo):
             card, host = picks[0], picks[1]
     finally:
         gpu.close()
+
+
+def test_masked_and_biased_slots_pick_on_the_card_as_the_host_would(demo):
+    """Slot 0 greedy under a logit_bias and a mask that changes every step (three masks in turn), slot 1
+    sampled under the same masks, slot 2 plain, stepped together and alone: slot 0 picks the arg-max of its
+    raw row with the bias and mask applied (`constrain_row`), slot 1 only allowed tokens, slot 2 the plain
+    arg-max (no other slot's constraint leaks into its row). The three masks are uploaded once each."""
+    from engine.generation.token_mask import constrain_row, mask_of
+
+    vocab = demo.config.vocab_size
+    rng = np.random.default_rng(5)
+    allowed = [rng.random(vocab) < share for share in (0.5, 0.05, 0.002)]
+    masks = [mask_of(a) for a in allowed]
+    gpu = CudaBackend(demo, context=128, chunk=64, slots=3)
+    prompt = prompts(vocab, 1)[0]
+    try:
+        for slot in range(3):
+            gpu.prefill_slot(slot, prompt)
+        first = gpu.begin(0, SlotRequest(GREEDY, (), host_logits=True, masked=True, logit_bias={7: 50.0, 9: -100.0}),
+                          masks[0])
+        bias = {7: 50.0, 9: -100.0}
+        assert first.token == int(np.argmax(constrain_row(first.logits, bias, masks[0])))
+        sampled = gpu.begin(1, SlotRequest(SamplingParams(seed=3), (), masked=True), masks[0])
+        plain = gpu.begin(2, SlotRequest(GREEDY, (), host_logits=True))
+        assert allowed[0][sampled.token] and plain.token == int(np.argmax(plain.logits))
+        feeds = {0: first.token, 1: sampled.token, 2: plain.token}
+        for step in range(1, 13):
+            k = step % 3
+            alone = step % 4 == 0
+            picks = gpu.step({0: feeds[0]} if alone else feeds, {0: masks[k]} if alone else {0: masks[k], 1: masks[k]})
+            p0 = picks[0]
+            assert p0.token == int(np.argmax(constrain_row(p0.logits, bias, masks[k]))), f"step {step}"
+            feeds[0] = p0.token
+            if not alone:
+                assert allowed[k][picks[1].token], f"step {step}: slot 1 picked a masked token"
+                assert picks[2].token == int(np.argmax(picks[2].logits)), f"step {step}: slot 2 saw a constraint"
+                feeds[1], feeds[2] = picks[1].token, picks[2].token
+        assert gpu.slots.sampling.masks.uploads == 3
+    finally:
+        gpu.close()

@@ -17,21 +17,23 @@ LAUNCHABLE = (np.int32, np.int64, np.uint32, np.uint64, np.float32)
 
 
 class FakeBuffer:
-    def __init__(self, data: np.ndarray, label: str, owner: "FakeBuffer | None" = None):
-        self.data, self.label, self.owner = data, label, owner
+    def __init__(self, data: np.ndarray, label: str, owner: "FakeBuffer | None" = None, card: "FakeCard | None" = None):
+        self.data, self.label, self.owner, self.card = data, label, owner, card
         self.nbytes = data.nbytes
         self.ptr = id(data)
 
     def view(self, offset: int, nbytes: int, label: str | None = None) -> "FakeBuffer":
         if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"view [{offset}, {offset + nbytes}) outside buffer '{self.label}' of {self.nbytes} bytes")
-        return FakeBuffer(self.data[offset : offset + nbytes], label or self.label, self)
+        return FakeBuffer(self.data[offset : offset + nbytes], label or self.label, self, self.card)
 
     def upload(self, array: np.ndarray) -> None:
         raw = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
         if raw.nbytes > self.nbytes:
             raise ValueError(f"{raw.nbytes} bytes do not fit buffer '{self.label}' of {self.nbytes}")
         self.data[: raw.nbytes] = raw
+        if self.card is not None:
+            self.card.h2d_bytes += raw.nbytes
 
     upload_async = lambda self, array, stream=None: self.upload(array)  # noqa: E731
 
@@ -40,12 +42,16 @@ class FakeBuffer:
         if out.nbytes > self.nbytes:
             raise ValueError(f"{out.nbytes} bytes requested from buffer '{self.label}' of {self.nbytes}")
         out.reshape(-1).view(np.uint8)[:] = self.data[: out.nbytes]
+        if self.card is not None:
+            self.card.d2h_bytes += out.nbytes
         return out
 
     def download_async(self, out: np.ndarray, stream: Any = None) -> None:
         if not out.flags.c_contiguous or out.nbytes > self.nbytes:
             raise ValueError(f"download target must be C-contiguous and at most {self.nbytes} bytes")
         out.reshape(-1).view(np.uint8)[:] = self.data[: out.nbytes]
+        if self.card is not None:
+            self.card.d2h_bytes += out.nbytes
 
     def fill_zero(self, stream: Any = None) -> None:
         self.data[:] = 0
@@ -111,12 +117,13 @@ class FakeCard:
         self.graphs: list[FakeGraph] = []
         self.launch_args: list[tuple[str, tuple[Any, ...]]] = []  # (kernel, its arguments) per launch
         self.allocated_bytes = 0
+        self.h2d_bytes = self.d2h_bytes = 0  # as CudaCard's: bytes through buffer uploads and downloads
 
     def alloc(self, nbytes: int, label: str) -> FakeBuffer:
         if nbytes <= 0:
             raise ValueError(f"{label}: cannot allocate {nbytes} bytes")
         self.allocated_bytes += nbytes
-        return FakeBuffer(np.zeros(nbytes, np.uint8), label)
+        return FakeBuffer(np.zeros(nbytes, np.uint8), label, card=self)
 
     def upload(self, array: np.ndarray, label: str) -> FakeBuffer:
         buf = self.alloc(max(1, np.asarray(array).nbytes), label)

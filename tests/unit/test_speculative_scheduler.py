@@ -38,12 +38,12 @@ class RunSlots:
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
         """The script does not depend on the prompt."""
 
-    def begin(self, slot: int, request: SlotRequest) -> Pick:
+    def begin(self, slot: int, request: SlotRequest, mask=None) -> Pick:
         self.requests.append(request)
         self.pos = 1
         return Pick(self.script[0])
 
-    def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+    def step(self, feeds: Mapping[int, int], masks=None) -> dict[int, Pick]:
         self.fed.append(feeds[0])
         run = self.script[self.pos : self.pos + self.width]
         self.pos += self.width

@@ -52,10 +52,10 @@ class ReferenceSlots:
     def prefill_slot(self, slot: int, tokens) -> None:
         self.last = self._forward(tokens)
 
-    def begin(self, slot: int, request) -> Pick:
+    def begin(self, slot: int, request, mask=None) -> Pick:
         return Pick(int(np.argmax(self.last)), self.last)
 
-    def step(self, feeds: dict[int, int]) -> dict[int, Pick]:
+    def step(self, feeds: dict[int, int], masks=None) -> dict[int, Pick]:
         self.last = self._forward([feeds[0]])
         return {0: self.begin(0, None)}
 

@@ -8,7 +8,8 @@ captured decode graph replayed token by token through `SlotDecoder.step`, writin
 position and reading back the token id, exactly as generation does; the KV cache is filled to the
 depth without prefilling it, because its values do not change the speed), then aggregate decode
 tokens/s with 1, 2, 4 and 8 streams decoding together (continuous batching: one batched step per
-token of every stream).
+token of every stream), and what logprobs, logit_bias and grammar masks add to a step and move over PCIe
+(engine/cuda/bench/constrained_steps.py).
 
 CMP 100-210 projections (anchor-qengine.md §6): decode = the fraction of the H200 read ceiling
 reached, applied to the CMP's 818 GB/s measured read bandwidth, over the same bytes per token;
@@ -22,8 +23,6 @@ at their fraction of 818 GB/s, latency-bound ones at clock-scaled time).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,8 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from gguf import GGMLQuantizationType
 
+from engine.cuda.bench.constrained_steps import constrained_step_costs, render_constrained
+from engine.cuda.bench.slot_depth import slots_at_depth
 from engine.cuda.bench.cmp_model import CMP_READ_GBPS, project_step, render_projection, state_bytes
 from engine.cuda.bench.microbench import run_microbench, time_graph_ms
 from engine.cuda.bench.profile import kernel_breakdown
@@ -113,19 +114,6 @@ def prefill_speed(dec: SlotDecoder, n_tokens: int) -> float:
     end.record()
     end.synchronize()
     return n_tokens / (end.elapsed_ms(start) * 1e-3)
-
-
-@contextmanager
-def slots_at_depth(dec: SlotDecoder, streams: int, depth: int) -> Iterator[None]:
-    """Slots 0..streams-1 read their caches to `depth` inside the block (without filling them: the values do
-    not change the speed) and are empty after it."""
-    for slot in range(streams):
-        dec.seqs[slot].next_position = depth
-    try:
-        yield
-    finally:
-        for slot in range(streams):
-            dec.seqs[slot].reset()
 
 
 def decode_speed(dec: SlotDecoder, streams: int, depth: int, steps: int, params: SamplingParams = GREEDY) -> float:
@@ -242,6 +230,8 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         batched.prepare_step(list(range(wide)))
         wide_breakdown = {"depth": depths[0], "streams": wide, **kernel_breakdown(
             card, lambda: step_launches(batched.fwd, batched.batch, batched.sampling, wide))}
+    constrained = constrained_step_costs(batched, tuple(n for n in (1, 4) if n <= batched.slot_count), depths[0],
+                                         decode_steps)
     dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
     speedup = None
     if 4096 in prefill:
@@ -260,6 +250,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "prefill_4k_vs_fastest_decode": speedup,
         "decode_kernel_breakdown": breakdown,
         "batched_step_kernel_breakdown": wide_breakdown,
+        "constrained_steps": constrained,
         "cmp_kernel_model": project_step(cfg, breakdown, read_ceiling, matrix_read_bytes(weights, cfg)),
         "qengine_cmp": QENGINE.get(shape),
         "microbench": micro,
@@ -298,6 +289,8 @@ def render_table(r: dict[str, Any]) -> str:
                      "as parts:")
         for name, k in list(w["kernels"].items())[:10]:
             lines.append(f"  {name:<28} x{k['launches']:<4} {k['us']:>7.0f} us")
+    if "constrained_steps" in r:
+        lines.extend(render_constrained(r["constrained_steps"]))
     if "cmp_kernel_model" in r:
         lines.append(render_projection(r["cmp_kernel_model"]))
     if r["prefill_4k_vs_fastest_decode"] is not None:

@@ -1,8 +1,8 @@
 """One job's grammar while it decodes: a bitset of the allowed tokens per step, and the token taken.
 
-The interface is deliberately "a bitset per step" (int32 words, bit `i % 32` of word `i // 32` set
-when token `i` is allowed, llguidance's layout): the host applies it to a logits row today, and a
-device backend can upload the same words and mask where it samples.
+The interface is "a bitset per step" (int32 words, bit `i % 32` of word `i // 32` set when token `i` is
+allowed, llguidance's layout): the step's token mask (engine.generation.token_mask), which the backend
+applies where it samples (the CUDA backend uploads the words to the card).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import llguidance.numpy
 import numpy as np
 
 from engine.generation.grammar.json_closing import JsonCloser
+from engine.generation.token_mask import TokenMask, allowed_tokens, mask_of, mask_words
 
 
 class GrammarError(ValueError):
@@ -43,11 +44,19 @@ class GrammarConstraint:
             raise GrammarError(self._matcher.get_error())
         return self._words[0]
 
+    def mask(self, remaining: int) -> TokenMask:
+        """The step's token mask over `vocab_size` tokens (a new array); `remaining`: tokens left, this one
+        included (near the end a JSON closer narrows it so the value can still close)."""
+        words = self.bitset()[: mask_words(self.vocab_size)].view(np.uint32).copy()
+        if self.vocab_size % 32:
+            words[-1] &= np.uint32((1 << (self.vocab_size % 32)) - 1)
+        if self._closer is None or not self._closer.tight(remaining):
+            return words
+        return mask_of(self._closer.narrow(allowed_tokens(words, self.vocab_size), remaining))
+
     def allowed(self, remaining: int) -> np.ndarray:
-        """The bitset as one bool per token of the logits row; `remaining`: tokens left, this one included."""
-        bits = np.unpackbits(self.bitset().view(np.uint8), bitorder="little")
-        allowed = bits[: self.vocab_size].astype(bool)
-        return self._closer.narrow(allowed, remaining) if self._closer is not None else allowed
+        """`mask` as one bool per token."""
+        return allowed_tokens(self.mask(remaining), self.vocab_size)
 
     def accept(self, token: int) -> None:
         """Advance past the token the job took (it must be one the last bitset allowed)."""

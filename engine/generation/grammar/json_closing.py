@@ -34,9 +34,13 @@ class JsonCloser:
         ids = [i for c in chars for i in [tokenizer.encode(chr(c), parse_special=False)] if len(i) == 1]
         return np.array([i[0] for i in ids], dtype=np.int64)
 
+    def tight(self, remaining: int) -> bool:
+        """Are `remaining` tokens (this one included) few enough that `narrow` may cut the allowed set?"""
+        return remaining <= STEPS_PER_LEVEL * (self._depth + 1) + 1
+
     def narrow(self, allowed: np.ndarray, remaining: int) -> np.ndarray:
         """`allowed` narrowed to a closing class when `remaining` tokens (this one included) are tight."""
-        if remaining > STEPS_PER_LEVEL * (self._depth + 1) + 1:
+        if not self.tight(remaining):
             return allowed
         for ids in (self._ends, *self._classes):
             ids = ids[ids < allowed.size]

@@ -22,8 +22,8 @@ from engine.generation.grammar.constraint import GrammarConstraint
 from engine.generation.logprobs import TokenLogprob
 from engine.generation.output_parser import THINK_CLOSE, OutputParser, ParseEvent
 from engine.generation.sampler import SamplingParams
+from engine.generation.token_mask import TokenMask, only_token
 from engine.generation.tokenizer import Tokenizer
-from engine.generation.serving.host_pick import HostPicker
 from engine.generation.serving.stop_strings import StopMatcher
 from engine.vision.multimodal_prompt import MultimodalPrompt
 
@@ -107,9 +107,9 @@ class Job:
     turn_start: int = 0
     reply_prefix: str = ""  # the reply's forced start, part of the prompt: parsed as output, not counted
     top_logprobs: int | None = None  # None: no logprobs; else how many alternatives per token (0-20)
-    constraint: GrammarConstraint | None = None  # JSON / forced tool call grammar; tokens are then picked on the host
+    constraint: GrammarConstraint | None = None  # JSON / forced tool call grammar: a token mask for every pick
     thinking_budget: int | None = None  # reasoning tokens after which `</think>` is forced (None: no limit)
-    logit_bias: dict[int, float] | None = None  # added to the logits before sampling (then picked on the host)
+    logit_bias: dict[int, float] | None = None  # added to the raw logits before sampling (by the backend)
     multimodal: MultimodalPrompt | None = None
     speculative: bool = True  # draft with the model's MTP head when the backend speculates (API: "speculative")
     deadline: float | None = None  # time.monotonic() past which the reply ends with "length" (API: "deadline_seconds")
@@ -197,8 +197,6 @@ class JobOutput:
         self.generated = 0
         self.reasoning_tokens = 0
         self.draft_tokens = self.accepted_draft_tokens = 0
-        self.picker = (HostPicker(job.constraint, job.params, job.prompt_ids, job.logit_bias)
-                       if job.constraint or job.logit_bias else None)
         self._produced = 0  # characters of generated text so far
         self._passed = 0  # characters of it the stop matcher let through
         self._held: list[tuple[int, LogprobEntry]] = []  # (character where the token's text ends, entry)
@@ -214,7 +212,23 @@ class JobOutput:
     @property
     def complete(self) -> bool:
         """The grammar is complete (JSON closed, the forced call written), so the reply is over."""
-        return self.picker is not None and self.picker.constraint is not None and self.picker.constraint.complete
+        return self.job.constraint is not None and self.job.constraint.complete
+
+    @property
+    def masked(self) -> bool:
+        """May the job's picks need a token mask (`next_mask`)? Then the backend takes one token per step."""
+        return self.job.constraint is not None or self.job.thinking_budget is not None
+
+    def next_mask(self) -> TokenMask | None:
+        """The tokens the next pick may take (over the tokenizer's vocabulary; a model's padding rows beyond it
+        are never allowed): only the forced token once the thinking budget is spent, the grammar's set after
+        the reasoning (JSON mode constrains what follows it), else None (any token)."""
+        forced = self.forced_token()
+        if forced is not None:
+            return only_token(forced, self._tokenizer.vocab_size)
+        if self.job.constraint is None or self._reasoning_open:
+            return None
+        return self.job.constraint.mask(self.job.max_tokens - self.generated)
 
     def forced_token(self) -> int | None:
         """`</think>` once the reasoning has used the job's thinking budget, else None: closing the
@@ -231,7 +245,10 @@ class JobOutput:
 
     def add(self, token: int, logprob: TokenLogprob | None = None) -> bool:
         """Take one generated token (not an end token) and its logprobs (when the job asked for them);
-        True when a stop string ended the output."""
+        True when a stop string ended the output. A constrained job's grammar takes the token (it was picked
+        under `next_mask`'s grammar set)."""
+        if self.job.constraint is not None and not self._reasoning_open:
+            self.job.constraint.accept(token)
         self.generated += 1
         if self._reasoning_open:
             self.reasoning_tokens += 1

@@ -7,7 +7,10 @@ decoding slot in one batched step. So a long prompt delays the others' next toke
 by its whole prefill, and a request that arrives mid-generation joins the running batch.
 
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
-nothing leaks between requests; a cancelled job leaves its slot at the next turn.
+nothing leaks between requests; a cancelled job leaves its slot at the next turn. Constraints are the
+backend's to apply where it samples: a job's logit_bias goes with its request, and every pick of a
+constrained job (a grammar, a thinking budget's forced `</think>`) comes with the job's token mask for that
+pick (`JobOutput.next_mask`), so no logits row ever comes back to the host.
 
 A request can fail only itself: every per-request step (admission, prefill, a token through its text
 pipeline, its sink) runs under a guard that ends that job with a `Failed` and frees its slot, and
@@ -32,7 +35,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import cast
 
-from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import ImagePrefill, Pick, SlotBackend, SlotRequest, supports_images
 from engine.generation.tokenizer import Tokenizer
@@ -190,11 +192,11 @@ class Scheduler:
             if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
                 self._keep_snapshot(slot)
             if not slot.pending:
-                host_logits = _needs_logits(slot.job)
-                request = SlotRequest(slot.job.params, slot.job.prompt_ids, host_logits=host_logits,
-                                      speculative=slot.job.speculative,
-                                      logprobs=None if host_logits else slot.job.top_logprobs)
-                pick = self.backend.begin(slot.index, request)
+                job, out = slot.job, slot.output
+                assert out is not None
+                request = SlotRequest(job.params, job.prompt_ids, speculative=job.speculative,
+                                      logprobs=job.top_logprobs, logit_bias=job.logit_bias, masked=out.masked)
+                pick = self.backend.begin(slot.index, request, out.next_mask())
                 slot.first_token = time.perf_counter()
                 self._take(slot, pick)
         except Exception as err:
@@ -210,11 +212,21 @@ class Scheduler:
     # ---- decode ----------------------------------------------------------------------------------
     def _decode(self) -> None:
         decoding = [s for s in self.slots if s.decoding]
+        masks = {}
+        for s in list(decoding):
+            try:  # a grammar that fails ends its own job only
+                mask = s.output.next_mask()  # type: ignore[union-attr]
+            except Exception as err:
+                self._fail(s, err)
+                decoding.remove(s)
+                continue
+            if mask is not None:
+                masks[s.index] = mask
         if not decoding:
             return
         feeds = {s.index: s.next_token for s in decoding}
         try:
-            picks = self.backend.step(feeds)  # type: ignore[arg-type]
+            picks = self.backend.step(feeds, masks)  # type: ignore[arg-type]
         except Exception as err:
             for s in decoding:
                 self._fail(s, err)
@@ -252,11 +264,11 @@ class Scheduler:
             self._release(slot)
             _post(job, Failed("the model produced NaN or infinite logits"))
             return
-        token = _choose(out, pick)
+        token = pick.token
         if token in self.stop_ids:
             self._finish(slot, "stop")
             return
-        stopped = out.add(token, _logprob(job, pick, token))
+        stopped = out.add(token, pick.logprobs if job.top_logprobs is not None else None)
         _report(slot)
         if stopped or job.cancelled.is_set() or out.complete:
             self._finish(slot, "stop")
@@ -348,38 +360,6 @@ def _report(slot: _Slot) -> None:
     if job is not None and out is not None and job.on_progress is not None:
         job.on_progress(Progress(len(job.prompt_ids) - len(slot.pending), len(job.prompt_ids), slot.cached,
                                  out.generated, time.perf_counter() - slot.started))
-
-
-def _needs_logits(job: Job) -> bool:
-    """Grammars and logit_bias work on the host, from each step's logits row; a thinking budget may force a token,
-    so its job takes one token per step (no speculative runs). Such a job's logprobs are taken from the same rows
-    (of the token the host chose); any other job's come with its picks (`SlotRequest.logprobs`), computed where
-    the logits are."""
-    return job.constraint is not None or job.thinking_budget is not None or bool(job.logit_bias)
-
-
-def _choose(out: JobOutput, pick: Pick) -> int:
-    """The slot's pick, `</think>` when the thinking budget is spent, or for a constrained job the
-    host's pick under the grammar's bitset (`HostPicker`)."""
-    forced = out.forced_token()
-    if forced is not None:
-        if out.picker is not None:
-            out.picker.accept_forced(forced)
-        return forced
-    if out.picker is None:
-        return pick.token
-    return out.picker.choose(pick.logits, pick.token, out.job.max_tokens - out.generated,
-                             constrained=not out.reasoning_open)
-
-
-def _logprob(job: Job, pick: Pick, token: int) -> TokenLogprob | None:
-    """The token's logprobs under the raw logits row, when the job asked for them: from the row when the host
-    has it (and may have chosen another token than the backend), else the backend's own for its pick."""
-    if job.top_logprobs is None:
-        return None
-    if pick.logits is not None:
-        return token_logprobs(pick.logits, token, job.top_logprobs)
-    return pick.logprobs if pick.logprobs is not None and pick.logprobs.token == token else None
 
 
 def _extends(prompt: list[int], tokens: list[int]) -> bool:

@@ -1,0 +1,103 @@
+"""Grammar masks and logit_bias on the card: what the sampler reads so that a constrained or biased request
+picks on the card like any other, and only token ids come back (issue 28: the host used to download each
+step's whole logits row, about 1 MB, to re-pick there).
+
+A step's mask is a bitset over the vocabulary (uint32 words, bit v % 32 of word v // 32 set when token v is
+allowed: llguidance's layout, engine.generation.token_mask). At the 248,320-token vocabulary one is 31 KB,
+more than a step may move (≤ 8 KB per token), but a grammar's masks repeat: inside a JSON string, after a
+key, inside a number, the same few sets come back again and again. So the card keeps a pool of recent masks
+keyed by their content (`MaskPool`): a step uploads a mask only the first time it is seen (or after it was
+evicted) and otherwise only its pool entry, one int in the step buffer the decoder uploads anyway.
+
+A request's logit_bias is constant, at most MAX_LOGIT_BIAS ids (OpenAI's limit; RIGLLM_MAX_LOGIT_BIAS in
+sampling.cuh): one `LogitBias` record per slot, written when the request begins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.errors import RigllmError
+from engine.generation.token_mask import MAX_LOGIT_BIAS, TokenMask, mask_words
+
+BIAS_DTYPE = np.dtype([("n", "<i4"), ("ids", "<i4", (MAX_LOGIT_BIAS,)), ("values", "<f4", (MAX_LOGIT_BIAS,))])
+NO_MASK = -1  # a slot's mask entry when its step is not masked
+DEFAULT_MASK_ENTRIES = 64  # 2 MB at the 248,320-token vocabulary; more than 8 slots' masks in one step
+
+
+def pack_bias(bias: Mapping[int, float] | None, vocab: int) -> np.ndarray:
+    """One `LogitBias` record (sampling.cuh) for a request's bias (token id → value; None or empty: none)."""
+    rec = np.zeros(1, BIAS_DTYPE)
+    items = sorted((bias or {}).items())
+    if len(items) > MAX_LOGIT_BIAS:
+        raise RigllmError(f"logit_bias has {len(items)} entries; at most {MAX_LOGIT_BIAS} are allowed")
+    for i, (token, value) in enumerate(items):
+        if not 0 <= token < vocab:
+            raise RigllmError(f"logit_bias token {token} is outside the vocabulary of {vocab}")
+        rec["ids"][0, i], rec["values"][0, i] = token, value
+    rec["n"] = len(items)
+    return rec
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Where sampling.cu's sample_scores finds the constraints: `mask_entry` int32 [slots] (each slot's pool
+    entry for this step, NO_MASK for none), `pool` ([entries][words] bitsets), `bias` (`LogitBias` [slots]).
+    Batched passes index both by row_slot; a one-slot pass gets that slot's `view`."""
+
+    mask_entry: DeviceBuffer
+    pool: DeviceBuffer
+    words: int
+    bias: DeviceBuffer
+
+    def view(self, slot: int) -> Constraints:
+        return replace(self, mask_entry=self.mask_entry.view(4 * slot, 4),
+                       bias=self.bias.view(BIAS_DTYPE.itemsize * slot, BIAS_DTYPE.itemsize))
+
+    def args(self) -> tuple[DeviceBuffer, DeviceBuffer, np.int32, DeviceBuffer]:
+        """sample_scores's constraint arguments."""
+        return self.mask_entry, self.pool, np.int32(self.words), self.bias
+
+
+class MaskPool:
+    """Recently used masks on the card, by content; least recently used evicted first.
+
+    Entries used by the step being written are the most recent, so with more entries than rows a step never
+    evicts a mask it uses. Each entry has its own pinned staging row: an upload is stream-ordered and its
+    source stays untouched until the entry is evicted again, long after that copy has run."""
+
+    def __init__(self, card: CudaCard, vocab: int, entries: int = DEFAULT_MASK_ENTRIES, label: str = "masks"):
+        self.card, self.words = card, mask_words(vocab)
+        self.buffer = card.alloc(4 * self.words * entries, f"{label}.pool")
+        self._staging = card.pinned((entries, self.words), np.uint32)
+        self._entries: OrderedDict[bytes, int] = OrderedDict()  # content digest → entry, oldest first
+        self._free = list(range(entries - 1, -1, -1))
+        self.uploads = self.uploaded_bytes = self.lookups = 0
+
+    def entry(self, mask: TokenMask, stream: Stream | None = None) -> int:
+        """The pool entry holding `mask` (uint32 words, or int32 as llguidance writes them; fewer words than
+        the vocabulary's leave the rest disallowed), uploading it first when it is not there."""
+        words = np.ascontiguousarray(mask).view(np.uint32)
+        if words.ndim != 1 or words.size > self.words:
+            raise ValueError(f"a mask is at most {self.words} words, got shape {mask.shape}")
+        self.lookups += 1
+        digest = hashlib.blake2b(words.tobytes(), digest_size=16).digest()
+        entry = self._entries.get(digest)
+        if entry is not None:
+            self._entries.move_to_end(digest)
+            return entry
+        entry = self._free.pop() if self._free else self._entries.popitem(last=False)[1]
+        row = self._staging[entry]
+        row[: words.size] = words
+        row[words.size :] = 0
+        self.buffer.view(4 * self.words * entry, 4 * self.words).upload_async(row, stream)
+        self._entries[digest] = entry
+        self.uploads += 1
+        self.uploaded_bytes += row.nbytes
+        return entry

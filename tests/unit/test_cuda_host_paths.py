@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cuda.pipeline import PipelineBackend
-
+from engine.cuda.backend import CudaBackend
 from engine.generation.backend import CardSpec
 from engine.cuda.bench.pipeline_bench import pipeline_decode_speed
 from engine.cuda.slot_decoder import SlotDecoder
@@ -91,8 +90,8 @@ def test_slot_layout_constants_mirror_common_cuh():
 
 
 def test_pipeline_hands_rows_between_cards(demo):
-    pipe = PipelineBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
-                           card_factory=FakeCard)
+    pipe = CudaBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
+                       card_factory=FakeCard)
     try:
         assert [(s.start, s.stop) for s in pipe.spans] == [(0, 3), (3, 6), (6, 8)]
         pipe.prefill_slot(0, list(range(50)))  # four chunks through three cards
@@ -143,7 +142,7 @@ def test_the_pipeline_runs_its_cards_on_threads_from_the_factory(demo):
         made.append(name)
         return threading.Thread(target=target, name=name, daemon=True)
 
-    pipe = PipelineBackend(demo, [CardSpec(0)] * 2, context=64, chunk=16, card_factory=FakeCard, thread_factory=factory)
+    pipe = CudaBackend(demo, [CardSpec(0)] * 2, context=64, chunk=16, card_factory=FakeCard, thread_factory=factory)
     try:
         pipe.prefill_slot(0, list(range(20)))
     finally:

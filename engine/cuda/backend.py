@@ -250,9 +250,12 @@ class CudaBackend:
 
     # ---- the SlotBackend protocol ------------------------------------------------------------------
     def begin(self, slot: int, request: SlotRequest) -> Pick:
+        """The request's sampling goes to the last card alone (it samples), so a new argument is passed here once."""
         return self._on_last(lambda dec: dec.begin(slot, request))
 
     def step(self, feeds: Mapping[int, int]) -> dict[int, Pick]:
+        """The trunk cards pass their hidden rows on, one hop per boundary; the last card picks (a per-step
+        sampling argument goes to its `step` alone)."""
         hidden = None
         for ex, st in zip(self.executors[:-1], self.stages[:-1]):
             hidden = self._hop(ex.call(st.decoder.step_part, feeds, hidden))

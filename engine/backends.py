@@ -34,7 +34,8 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     `cards`: `CardSpec`s to spread the layers over (default: GPU 0 alone); `split`: layers per card
     (default: the memory plan's split). `kv`: the KV cache format (f16, k8v3, ...).
     `sparse`: prefill long chunks with the calibrated sparse profile beside the model (both backends).
-    `thread_factory(target, name)` makes each card's thread on several cards (the app passes QThreads).
+    `thread_factory(target, name)` makes each card's thread on several cards (the app passes QThreads); a
+    single card runs on the calling thread.
     `mmproj`: the model's vision tower, loaded onto the (first) card by the CUDA backend, which then
     encodes and prefills images itself; the reference runs its numpy tower elsewhere and ignores it.
     `speculative`, `draft_tokens`: the CUDA backend on one card loads the model's MTP head (when it has one)
@@ -57,14 +58,7 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
         reason = gpu_unavailable_reason()
         if reason:
             raise RigllmError(f"the CUDA backend cannot run here: {reason}")
-        profile = require_profile(loaded.file) if sparse else None
-        if cards is not None and (len(cards) > 1 or split is not None):
-            from engine.cuda.pipeline import PipelineBackend
-
-            return PipelineBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv,
-                                   thread_factory=thread_factory, mmproj=mmproj, sparse=profile)
-        spec = cards[0] if cards else None
-        return CudaBackend(loaded, context=context, slots=slots, progress=progress, kv=kv,
-                           card_index=spec.device if spec else 0, card_bytes=spec.capacity_bytes if spec else None,
-                           mmproj=mmproj, speculative=speculative, draft_tokens=draft_tokens, sparse=profile)
+        return CudaBackend(loaded, cards, context=context, slots=slots, split=split, progress=progress, kv=kv,
+                           mmproj=mmproj, speculative=speculative, draft_tokens=draft_tokens,
+                           sparse=require_profile(loaded.file) if sparse else None, thread_factory=thread_factory)
     raise RigllmError(f"unknown backend '{name}' (choose from: {', '.join(BACKEND_CHOICES)})")

@@ -8,11 +8,11 @@ state (engine.cuda.slot_sampling)) and reads back B ids. Nothing in a graph depe
 steps, so a card keeps at most one graph per width. Separate from loading (engine.cuda.backend) so benchmarks can
 drive it over synthetic weights.
 
-On several cards (engine.cuda.pipeline) each card has its own decoder over its trunk layers: the
-`*_part` methods take the previous card's hidden rows (host memory, fp32) instead of token ids and,
-except on the last card, leave their own hidden rows in host memory for the next card, after
-waiting for the copy on the host (the fence anchor-qengine.md lesson 9 asks for). Only the last card
-has samplers.
+The CUDA backend gives each of its cards (its stages: engine.cuda.backend) a decoder over that card's
+trunk layers: `feed_chunk` and `step_part` take the previous card's hidden rows (host memory, fp32)
+instead of token ids on a later card and, on a card without the LM head, leave their own hidden rows in
+host memory for the next card, after waiting for the copy on the host (the fence anchor-qengine.md
+lesson 9 asks for). Only the last card has samplers; a single card is first and last at once.
 
 Image prompts (`prefill_embedded`, spec §9.5-9.6): the image rows' embeddings go up into the first
 card's hidden rows after the token embedding, and every card's attention reads the chunk's (t, h, w)
@@ -23,7 +23,8 @@ positions when there is no shift), so the captured graphs serve both.
 
 With MTP weights (single card) a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step
 that feeds one slot alone, for a request that allows it, is a speculative round and may return several
-tokens (`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed).
+tokens (`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed), and
+so does every prefill chunk (`feed_chunk` runs the head over a text chunk's rows).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of
+from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_tables
@@ -155,40 +157,36 @@ class SlotDecoder:
         for seq in self.seqs:
             seq.reset()
 
-    def slot_of(self, seq: DeviceSequence) -> int:
-        for i, s in enumerate(self.seqs):
-            if s is seq:
-                return i
-        raise ValueError("the sequence is not one of this card's slots")
-
     def reset_slot(self, slot: int) -> None:
         self.seqs[slot].reset()
         if self.speculator:
             self.speculator.reset(slot)
 
-    def prefill(self, token_ids: Sequence[int], seq: DeviceSequence) -> None:
-        """Run the tokens through the model in chunks (single card); the last token's logits end in row 0."""
-        ids = np.asarray(token_ids, dtype=np.int32)
-        self.check_room(seq, len(ids))
-        slot = self.slot_of(seq) if self.speculator else -1
-        for start in range(0, len(ids), self.prefill_chunk):
-            self.prefill_part(seq, ids[start : start + self.prefill_chunk])
-            if self.speculator:
-                self.speculator.prefilled(slot, ids[start : start + self.prefill_chunk])
-
     def prefill_slot(self, slot: int, token_ids: Sequence[int]) -> None:
-        self.prefill(token_ids, self.seqs[slot])
+        """Run the tokens through the model in chunks (a card with every layer); the last token's logits end in
+        row 0."""
+        self.check_room(self.seqs[slot], len(token_ids))
+        for part in text_chunks(token_ids, self.prefill_chunk):
+            self.feed_chunk(slot, part)
 
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         """`prefill_slot` of a multimodal prompt's segment: its image rows take their embeddings instead of the
         pad token's, attention uses its (t, h, w) positions; later tokens continue at the largest + 1."""
-        seq = self.seqs[slot]
-        self.check_room(seq, len(segment.token_ids))
-        if self.speculator:  # the head runs on text positions only: no speculation after an image (as on the reference)
+        self.check_room(self.seqs[slot], len(segment.token_ids))
+        for part in segment_chunks(segment, self.prefill_chunk):
+            self.feed_chunk(slot, part)
+
+    def feed_chunk(self, slot: int, part: PrefillChunk, hidden: np.ndarray | None = None,
+                   out: np.ndarray | None = None) -> None:
+        """One prefill chunk of the slot on this card (`prefill_part`), keeping the slot's MTP head in step:
+        the head runs over a text chunk's rows; an image chunk leaves the slot behind, since the head runs on
+        text positions only (as on the reference). Image rows are spliced in on the first card only."""
+        if self.speculator and part.positions is not None:
             self.speculator.leave_behind(slot)
-        for part in segment.chunks(self.prefill_chunk):
-            self.prefill_part(seq, np.asarray(part.token_ids, np.int32), positions=part.positions,
-                              embedded=embedded_runs(part))
+        self.prefill_part(self.seqs[slot], part.ids, hidden, out, part.positions,
+                          part.embedded if self.fwd.embeds else None)
+        if self.speculator and part.positions is None:
+            self.speculator.prefilled(slot, part.ids)
 
     def check_room(self, seq: DeviceSequence, n: int) -> None:
         if seq.next_position + n > seq.capacity:
@@ -256,15 +254,17 @@ class SlotDecoder:
         """The slot's downloaded LOGPROB_DTYPE bytes as its pick's logprobs."""
         return token_logprob_of(raw.view(LOGPROB_DTYPE)[0], self._top_logprobs[slot])
 
-    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
-        """Feed each slot its token and pick its next one, all in one graph replay (single card); a slot fed
-        alone may take a speculative round instead (never a masked one)."""
+    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None, *,
+             hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
+        """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
+        a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
+        head); on a speculating card a slot fed alone may take a speculative round instead (never a masked one)."""
         if self.speculator and len(feeds) == 1 and not masks:
             (slot, token), = feeds.items()
             pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, token))
             if pick is not None:
                 return {slot: pick}
-        picks = self.step_part(feeds, masks=masks)
+        picks = self.step_part(feeds, hidden, masks)
         if self.speculator:
             self.speculator.stepped(feeds)
         return picks  # type: ignore[return-value]
@@ -346,15 +346,3 @@ class SlotDecoder:
         self.seqs[slot].restore(snapshot.state)
         if self.speculator:
             self.speculator.leave_behind(slot)  # the snapshot holds no head cache
-
-
-def embedded_runs(segment: PromptSegment) -> list[tuple[int, np.ndarray]]:
-    """The segment's image rows as (first row, [k][D] fp32 embeddings) runs of consecutive rows: one copy
-    into the hidden rows per run (an image's pads are consecutive)."""
-    rows = np.asarray(segment.embedding_rows, dtype=np.int64)
-    if rows.size == 0:
-        return []
-    order = np.argsort(rows, kind="stable")
-    rows, emb = rows[order], np.asarray(segment.embeddings, np.float32)[order]
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    return [(int(r[0]), np.ascontiguousarray(e)) for r, e in zip(np.split(rows, breaks), np.split(emb, breaks))]

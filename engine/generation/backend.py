@@ -2,8 +2,8 @@
 
 A backend owns the model's weights and runs forward passes on opaque per-sequence state objects;
 the generation layer above it (prompting, sampling, streaming, serving) never sees how. There are
-two: the numpy reference (engine.reference.backend) and the CUDA backends on one or several cards
-(engine.cuda.backend, engine.cuda.pipeline), which also decode several sequences natively
+two: the numpy reference (engine.reference.backend) and the CUDA backend on one or several cards
+(engine.cuda.backend, each card a stage of one pipeline), which also decodes several sequences natively
 (engine.generation.slots.SlotBackend). engine.backends opens them; nothing in this package knows
 which one it drives.
 """

@@ -3,7 +3,7 @@
 A snapshot is only valid for the exact model, KV format and chat template it was taken with, so the
 header names all three (`SnapshotIdentity`); a reader compares them before touching the arrays. The
 state itself is a small tree (the reference's `StateSnapshot`, or the CUDA backend's `(position,
-planes)` tuples, one per pipeline stage) whose arrays are written raw after the header; the tree is
+planes)` tuples, one per card: a single card's too, since format 3) whose arrays are written raw after the header; the tree is
 kept as JSON with each array replaced by its index. The model configuration is not stored: a reader
 gets it from the backend that restores the state (the model identity guarantees it is the same).
 
@@ -31,7 +31,7 @@ from engine.gguf.config import ModelConfig
 from engine.reference.state import StateSnapshot
 
 MAGIC = b"RIGSNAP\0"
-FORMAT_VERSION = 2  # 2: the payload checksum
+FORMAT_VERSION = 3  # 2: the payload checksum; 3: one CUDA card's state is a one-card tuple (a 2 would not restore)
 _PREAMBLE = struct.Struct("<8sIQ")
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
+from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
 from engine.gguf.config import ModelConfig
 from engine.fixtures.demo_model import ensure_demo_model
@@ -238,7 +239,7 @@ def test_a_model_that_does_not_fit_is_refused_before_any_allocation(models):
     from engine.errors import RigllmError
 
     with pytest.raises(RigllmError, match="card|fit"):
-        CudaBackend(models["0.8b"], context=4096, card_bytes=900 * 2**20)
+        CudaBackend(models["0.8b"], [CardSpec(0, 900 * 2**20)], context=4096)
 
 
 def test_sampling_on_device_is_seeded_and_follows_top_k(models):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.cuda.pipeline import BridgeModel, PipelineBackend
+from engine.cuda.pipeline import BridgeModel
 from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
@@ -57,7 +57,7 @@ def test_one_to_four_logical_cards_equal_one_card(models, name):
     finally:
         single.close()
     for n in (1, 2, 3, 4):
-        pipe = PipelineBackend(loaded, cards(n, 2 << 30), context=512, chunk=64, split=_even(loaded, n))
+        pipe = CudaBackend(loaded, cards(n, 2 << 30), context=512, chunk=64, split=_even(loaded, n))
         try:
             got, got_greedy = teacher_forced(pipe, prompt, 12, forced)
         finally:
@@ -98,7 +98,7 @@ def test_pipeline_serves_slots_and_snapshots(models):
         want = run(single)
     finally:
         single.close()
-    pipe = PipelineBackend(loaded, cards(3, 1 << 30), context=256, chunk=64, slots=3)
+    pipe = CudaBackend(loaded, cards(3, 1 << 30), context=256, chunk=64, slots=3)
     try:
         assert run(pipe) == want
         pipe.reset_slot(0)
@@ -116,13 +116,12 @@ def test_pipeline_serves_slots_and_snapshots(models):
 def test_a_throttled_bridge_still_computes_the_same(models):
     loaded = models["demo"]
     prompt = list(range(1, 90))
-    fast = PipelineBackend(loaded, cards(2, 1 << 30), context=256, chunk=32)
+    fast = CudaBackend(loaded, cards(2, 1 << 30), context=256, chunk=32)
     try:
         want, _ = teacher_forced(fast, prompt, 3, [5, 6, 7])
     finally:
         fast.close()
-    slow = PipelineBackend(loaded, cards(2, 1 << 30), context=256, chunk=32,
-                           bridge=BridgeModel(200e6, 1e-4))
+    slow = CudaBackend(loaded, cards(2, 1 << 30), context=256, chunk=32, bridge=BridgeModel(200e6, 1e-4))
     try:
         got, _ = teacher_forced(slow, prompt, 3, [5, 6, 7])
     finally:
@@ -134,4 +133,4 @@ def test_a_split_that_does_not_fit_the_cards_is_refused(models):
     from engine.errors import RigllmError
 
     with pytest.raises(RigllmError, match="card|fit"):
-        PipelineBackend(models["0.8b"], cards(2, 300 << 20), context=4096)
+        CudaBackend(models["0.8b"], cards(2, 300 << 20), context=4096)

@@ -147,7 +147,6 @@ def test_fixture_on_logical_cards_matches_one_card_and_the_reference(kv, n_cards
     """Layers split over n logical cards (RIGLLM_TEST_DEVICES picks the GPUs, as in test_pipeline.py): the same
     kernels on the same rows, so the logits must equal one card's bit for bit, and meet the reference bounds."""
     from engine.cuda.backend import CudaBackend
-    from engine.cuda.pipeline import PipelineBackend
     from tests.gpu.test_pipeline import cards
 
     loaded, _, samples = fixture()
@@ -157,7 +156,7 @@ def test_fixture_on_logical_cards_matches_one_card_and_the_reference(kv, n_cards
     finally:
         single.close()
     split = [1] * n_cards if n_cards == loaded.config.n_layers else [2, 2]
-    pipe = PipelineBackend(loaded, cards(n_cards, 1 << 30), context=CONTEXT, chunk=256, split=split, kv=kv)
+    pipe = CudaBackend(loaded, cards(n_cards, 1 << 30), context=CONTEXT, chunk=256, split=split, kv=kv)
     try:
         got = slot_logits(pipe, samples)
         traces = traced_run(pipe, [st.decoder.fwd for st in pipe.stages], samples)

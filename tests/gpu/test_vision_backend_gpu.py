@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 
 from engine.cuda.backend import CudaBackend
-from engine.cuda.pipeline import PipelineBackend
 from engine.generation.backend import CardSpec
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
@@ -154,10 +153,9 @@ def test_one_image_then_a_follow_up_turn_match_the_reference(models, name):
         follow_up = rng.integers(0, loaded.config.vocab_size - 10, 9).tolist()
         forced, rows = compare(loaded, prompt, [follow_up], gpu, f"{name} one image + follow-up")
 
-        seq = gpu.slots.seqs[0]  # greedy decoding on the card from the graphs, no host logits
-        gpu.reset_slot(0)
-        gpu.prefill_embedded(0, prompt.segment(0, len(prompt.token_ids)))
-        assert seq.next_rope_position == prompt.next_position
+        seq = gpu.new_sequence()  # slot 0, reset: greedy decoding on the card from the graphs, no host logits
+        gpu.prefill_embedded(seq.slot, prompt.segment(0, len(prompt.token_ids)))
+        assert gpu.slots.seqs[seq.slot].next_rope_position == prompt.next_position
         tokens = list(gpu.decode_on_device(seq, GREEDY, prompt.token_ids, STEPS))
         print(f"{name}: greedy on the card {tokens}, reference {forced[0]}")
         # the same states as the teacher-forced run while its argmax follows the reference's picks
@@ -238,7 +236,7 @@ def test_two_logical_cards_equal_one_card_with_images(models):
         want = backend_turns(single, prompt, [follow_up], forced)
     finally:
         single.close()
-    pipe = PipelineBackend(loaded, [CardSpec(0, 2 << 30)] * 2, context=256, chunk=CHUNK, split=[4, 4], mmproj=mmproj)
+    pipe = CudaBackend(loaded, [CardSpec(0, 2 << 30)] * 2, context=256, chunk=CHUNK, split=[4, 4], mmproj=mmproj)
     try:
         np.testing.assert_array_equal(pipe.encode_image(image), embeddings)
         got = backend_turns(pipe, prompt, [follow_up], forced)

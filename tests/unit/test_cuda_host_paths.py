@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cuda.pipeline import PipelineBackend
-
+from engine.cuda.backend import CudaBackend
 from engine.generation.backend import CardSpec
 from engine.cuda.bench.pipeline_bench import pipeline_decode_speed
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.model.kv_formats import kv_format
 from engine.generation.sampler import SamplingParams
-from engine.generation.slots import SlotRequest
+from engine.errors import RigllmError
+from engine.generation.slots import SlotRequest, SlotSnapshot
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
 from fake_card import FakeCard
@@ -91,8 +91,8 @@ def test_slot_layout_constants_mirror_common_cuh():
 
 
 def test_pipeline_hands_rows_between_cards(demo):
-    pipe = PipelineBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
-                           card_factory=FakeCard)
+    pipe = CudaBackend(demo, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[3, 3, 2],
+                       card_factory=FakeCard)
     try:
         assert [(s.start, s.stop) for s in pipe.spans] == [(0, 3), (3, 6), (6, 8)]
         pipe.prefill_slot(0, list(range(50)))  # four chunks through three cards
@@ -143,13 +143,74 @@ def test_the_pipeline_runs_its_cards_on_threads_from_the_factory(demo):
         made.append(name)
         return threading.Thread(target=target, name=name, daemon=True)
 
-    pipe = PipelineBackend(demo, [CardSpec(0)] * 2, context=64, chunk=16, card_factory=FakeCard, thread_factory=factory)
+    pipe = CudaBackend(demo, [CardSpec(0)] * 2, context=64, chunk=16, card_factory=FakeCard, thread_factory=factory)
     try:
         pipe.prefill_slot(0, list(range(20)))
     finally:
         pipe.close()
     assert made == ["rigllm-card0", "rigllm-card1"]
 
+
+
+def test_one_card_is_a_stage_run_inline_on_the_callers_thread(demo):
+    """A single card gets no thread of its own: it is made, planned, loaded and driven on the thread that opened
+    the backend (the serving worker's owns it), through the same stage path as several cards (the pipelined
+    prefill of several chunks, the step, snapshots, the Backend protocol), and keeps the driver's card name."""
+    import threading
+
+    made: list[str] = []
+    on: set[int] = set()
+
+    class NotingCard(FakeCard):
+        def kernel(self, name):
+            on.add(threading.get_ident())
+            return super().kernel(name)
+
+    def factory(target, name):
+        made.append(name)
+        return threading.Thread(target=target, name=name, daemon=True)
+
+    before = threading.active_count()
+    gpu = CudaBackend(demo, context=96, chunk=16, slots=2, card_factory=NotingCard, thread_factory=factory)
+    try:
+        assert threading.active_count() == before and gpu.plan.cards[0].profile.name == "fake:0"
+        seq = gpu.new_sequence()
+        assert np.isfinite(gpu.forward_last(list(range(40)), seq)).all()  # three chunks
+        assert len(list(gpu.decode_on_device(seq, SamplingParams(temperature=0.0), list(range(40)), 3))) == 3
+        snapshot = gpu.snapshot_slot(0)
+        gpu.restore_slot(1, snapshot)
+        assert gpu.position(1) == gpu.position(0) == 42 and gpu.slots.seqs[1].next_position == 42
+        with pytest.raises(RigllmError, match="2 card"):
+            gpu.restore_slot(1, SlotSnapshot(snapshot.state * 2, 0))
+    finally:
+        gpu.close()
+    assert made == [] and on == {threading.get_ident()}
+
+
+@pytest.mark.parametrize("n_cards", [1, 2])
+def test_a_cancelled_load_frees_every_card(demo, n_cards):
+    """A progress callback that cancels the load mid-way leaves no card open, on one card as on several."""
+    from engine.model.load_progress import LoadCancelled
+
+    cards: list[FakeCard] = []
+
+    class ClosingCard(FakeCard):
+        closed = False
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            cards.append(self)
+
+        def close(self) -> None:
+            self.closed = True
+
+    def cancel(p) -> None:
+        if p.stage.startswith("allocating slots"):
+            raise LoadCancelled("cancelled")
+
+    with pytest.raises(LoadCancelled):
+        CudaBackend(demo, [CardSpec(0)] * n_cards, context=64, chunk=16, progress=cancel, card_factory=ClosingCard)
+    assert len(cards) == n_cards and all(c.closed for c in cards)
 
 def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
     """A batched step (and a speculative verify) normalises its few rows as decode does, each row over

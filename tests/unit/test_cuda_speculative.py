@@ -238,15 +238,14 @@ def test_the_plan_counts_the_verify_rings(fixture):
     assert rings.cards[0].state_bytes == 3 * plain.cards[0].state_bytes > 0
 
 
-def test_the_backend_loads_the_head_unless_told_not_to(fixture, monkeypatch):
-    import engine.cuda.backend as backend_module
+def test_the_backend_loads_the_head_unless_told_not_to(fixture):
+    from engine.cuda.backend import CudaBackend
 
-    monkeypatch.setattr(backend_module, "CudaCard", lambda index=0, capacity_bytes=None: FakeCard(index, capacity_bytes))
-    gpu = backend_module.CudaBackend(fixture, context=64, chunk=16, draft_tokens=2)
+    gpu = CudaBackend(fixture, context=64, chunk=16, draft_tokens=2, card_factory=FakeCard)
     assert gpu.plan.with_mtp and gpu.speculation_stats is not None
     seq = gpu.new_sequence()
     gpu.forward_last([1, 2, 3], seq)
     tokens = list(gpu.decode_on_device(seq, GREEDY, [1, 2, 3], 7))
     assert len(tokens) == 7 and gpu.speculation_stats.rounds == 2  # 1 + 3 + 3 tokens: the first pick, two rounds
-    plain = backend_module.CudaBackend(fixture, context=64, chunk=16, speculative=False)
+    plain = CudaBackend(fixture, context=64, chunk=16, speculative=False, card_factory=FakeCard)
     assert not plain.plan.with_mtp and plain.speculation_stats is None

@@ -11,10 +11,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.cuda import backend as cuda_backend
-from engine.cuda.pipeline import PipelineBackend
+from engine.cuda.backend import CudaBackend
 from engine.generation.backend import CardSpec
-from engine.cuda.slot_decoder import SlotDecoder, embedded_runs
+from engine.cuda.prefill_chunks import embedded_runs
+from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.errors import RigllmError
 from engine.model.memory_plan import CardProfile, plan
@@ -159,21 +159,20 @@ def test_embedded_runs_split_at_gaps_and_keep_order():
                                        np.zeros((0, 2), np.float32))) == []
 
 
-def test_the_backend_loads_the_tower_on_its_card_within_the_plan(demo, mmproj, monkeypatch):
+def test_the_backend_loads_the_tower_on_its_card_within_the_plan(demo, mmproj):
     cards: list[FakeCard] = []
 
-    def fake(index, capacity_bytes=None):
-        cards.append(FakeCard(index, capacity_bytes))
+    def fake(index, capacity_bytes=None, name=None):
+        cards.append(FakeCard(index, capacity_bytes, name))
         return cards[-1]
 
-    monkeypatch.setattr(cuda_backend, "CudaCard", fake)
-    plain = cuda_backend.CudaBackend(demo, context=64, chunk=32)
+    plain = CudaBackend(demo, context=64, chunk=32, card_factory=fake)
     assert not supports_images(plain) and plain.images is None
     with pytest.raises(RigllmError, match="mmproj"):
         plain.encode_image(PreparedImage(np.zeros((3, 64, 64), np.float32), 16, 2))
     text_bytes = cards[-1].allocated_bytes
 
-    gpu = cuda_backend.CudaBackend(demo, context=64, chunk=32, mmproj=mmproj)
+    gpu = CudaBackend(demo, context=64, chunk=32, mmproj=mmproj, card_factory=fake)
     card = cards[-1]
     assert supports_images(gpu)
     tower = tower_footprint(mmproj.config)
@@ -212,8 +211,8 @@ def test_a_tower_that_does_not_fit_is_refused_with_the_reason(demo, mmproj):
 
 
 def test_the_pipeline_keeps_the_tower_on_the_first_card(demo, mmproj):
-    pipe = PipelineBackend(demo, [CardSpec(0)] * 2, context=96, slots=1, chunk=16, split=[4, 4],
-                           card_factory=FakeCard, mmproj=mmproj)
+    pipe = CudaBackend(demo, [CardSpec(0)] * 2, context=96, slots=1, chunk=16, split=[4, 4],
+                       card_factory=FakeCard, mmproj=mmproj)
     try:
         assert supports_images(pipe) and pipe.images is not None
         first, second = (st.card for st in pipe.stages)

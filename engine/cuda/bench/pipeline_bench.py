@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from engine.cuda.bench.speed import slot_decode_speed
+from engine.cuda.backend import CudaBackend
 from engine.cuda.driver import CudaCard
-from engine.cuda.pipeline import PipelineBackend
 from engine.generation.backend import CardSpec
 from engine.cuda.bench.synthetic_weights import random_model_weights
 from engine.model.load_progress import ProgressCounter
@@ -32,7 +32,7 @@ def cmp_hop_seconds(rows: int, d_model: int) -> float:
     return 2 * (COPY_LATENCY_S + rows * d_model * 4 / GEN1_X1_BYTES_PER_S)
 
 
-def pipeline_prefill_speed(pipe: PipelineBackend, n_tokens: int, pipelined: bool) -> float:
+def pipeline_prefill_speed(pipe: CudaBackend, n_tokens: int, pipelined: bool) -> float:
     ids = np.random.default_rng(n_tokens).integers(0, pipe.config.vocab_size, n_tokens).astype(np.int32)
     pipe.reset_slot(0)
     start = time.perf_counter()
@@ -44,7 +44,7 @@ def pipeline_prefill_speed(pipe: PipelineBackend, n_tokens: int, pipelined: bool
     return n_tokens / (time.perf_counter() - start)
 
 
-def pipeline_decode_speed(pipe: PipelineBackend, streams: int, steps: int) -> float:
+def pipeline_decode_speed(pipe: CudaBackend, streams: int, steps: int) -> float:
     """The pipeline has no sequences to set a depth on, so each slot gets a short real prompt first."""
     for slot in range(streams):
         pipe.reset_slot(slot)
@@ -62,8 +62,8 @@ def run_pipeline_bench(cfg: ModelConfig, shape: str, card_counts: tuple[int, ...
         def weights_for(card: CudaCard, span: range, counter: ProgressCounter):
             return random_model_weights(card, cfg, seed=7, span=span)
 
-        pipe = PipelineBackend(None, specs, context=prompt + 64, slots=streams, chunk=chunk, config=cfg,
-                               weights_for=weights_for)
+        pipe = CudaBackend(None, specs, context=prompt + 64, slots=streams, chunk=chunk, config=cfg,
+                           weights_for=weights_for)
         try:
             run: dict[str, Any] = {
                 "devices": [s.device for s in specs],

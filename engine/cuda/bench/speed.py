@@ -104,13 +104,12 @@ def decode_bytes(cfg: ModelConfig, depth: int, weights: ModelWeights | None = No
 def prefill_speed(dec: SlotDecoder, n_tokens: int) -> float:
     """Tokens per second of a fresh prefill of n_tokens random ids into slot 0, in chunks."""
     ids = np.random.default_rng(n_tokens).integers(0, dec.config.vocab_size, n_tokens).astype(np.int32)
-    seq = dec.seqs[0]
-    seq.reset()
+    dec.reset_slot(0)
     card = dec.card
     card.synchronize()
     start, end = card.event(), card.event()
     start.record()
-    dec.prefill(ids, seq)
+    dec.prefill_slot(0, ids)
     end.record()
     end.synchronize()
     return n_tokens / (end.elapsed_ms(start) * 1e-3)

@@ -41,6 +41,7 @@ from engine.cuda.pipeline import BridgeModel, PipelinedPrefill
 from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
 from engine.cuda.slot_decoder import DEFAULT_CHUNK, SlotDecoder
 from engine.cuda.stage import Stage, layer_spans
+from engine.cuda.step_gaps import StepGaps
 from engine.cuda.vision import gpu_image_encoder
 from engine.cuda.weights import ModelWeights, has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
 from engine.errors import RigllmError
@@ -253,6 +254,20 @@ class CudaBackend:
     def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
         """The request's sampling goes to the last card alone (it samples)."""
         return self._on_last(lambda dec: dec.begin(slot, request, mask))
+
+    def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
+        """`StepLauncher`: queue a plain step without waiting (one card; on several the step hops card to card
+        and is taken whole: False)."""
+        return len(self.stages) == 1 and self._on_last(lambda dec: dec.launch(feeds, masks))
+
+    def collect(self) -> dict[int, Pick]:
+        """The picks of the step `launch` queued."""
+        return self._on_last(lambda dec: dec.collect())
+
+    @property
+    def step_gaps(self) -> StepGaps:
+        """The card with the LM head's idle time between decode steps."""
+        return self.stages[-1].decoder.gaps
 
     def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
         """The trunk cards pass their hidden rows on, one hop per boundary; the last card picks, under `masks`."""

@@ -44,6 +44,7 @@ from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_
 from engine.cuda.slot_sampling import SlotSampling
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
+from engine.cuda.step_gaps import StepGaps
 from engine.cuda.token_masks import NO_MASK
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
@@ -131,6 +132,8 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: dict[int, DecodeGraph] = {}  # by batch width
+        self._queued: tuple[list[int], set[int]] = ([], set())  # the last queued step's slots, and those with logprobs
+        self.gaps = StepGaps(card)
         self._warm_up()
         self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
                            if mtp is not None else None)
@@ -158,6 +161,7 @@ class SlotDecoder:
             seq.reset()
 
     def reset_slot(self, slot: int) -> None:
+        self.gaps.interrupt()
         self.seqs[slot].reset()
         if self.speculator:
             self.speculator.reset(slot)
@@ -181,6 +185,7 @@ class SlotDecoder:
         """One prefill chunk of the slot on this card (`prefill_part`), keeping the slot's MTP head in step:
         the head runs over a text chunk's rows; an image chunk leaves the slot behind, since the head runs on
         text positions only (as on the reference). Image rows are spliced in on the first card only."""
+        self.gaps.interrupt()
         if self.speculator and part.positions is not None:
             self.speculator.leave_behind(slot)
         self.prefill_part(self.seqs[slot], part.ids, hidden, out, part.positions,
@@ -222,6 +227,7 @@ class SlotDecoder:
     def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
         """Set up the slot's sampler (parameters, logit_bias and the penalty history on the device) and pick from
         the prefill's logits (row 0), among the tokens `mask` allows."""
+        self.gaps.interrupt()
         sampler, params = self.samplers[slot], request.params
         self._host_logits[slot] = request.host_logits
         self._top_logprobs[slot] = request.logprobs
@@ -264,10 +270,7 @@ class SlotDecoder:
             pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, token))
             if pick is not None:
                 return {slot: pick}
-        picks = self.step_part(feeds, hidden, masks)
-        if self.speculator:
-            self.speculator.stepped(feeds)
-        return picks  # type: ignore[return-value]
+        return self.step_part(feeds, hidden, masks)
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None,
                   masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick] | np.ndarray:
@@ -275,6 +278,32 @@ class SlotDecoder:
         card starts from `hidden` (rows in slot order). The last card returns each slot's pick (a slot in
         `masks` among the tokens its mask allows); another card returns its hidden rows (in host memory,
         copied and fenced)."""
+        slots = self._queue_step(feeds, hidden, masks)
+        if self.fwd.heads:
+            self._queue_picks(slots, feeds)
+            return self.collect()
+        out = self.hidden_out[: len(slots)]
+        self.fwd.h.download_async(out)
+        self.card.stream.synchronize()
+        return out
+
+    def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
+        """Queue a plain step over `feeds` on the card and return at once, so the host can work on the previous
+        step's text meanwhile (issue 28 item 4); `collect` returns its picks. Until then the host may queue
+        other work (prefill chunks, a request's first pick: they run after the step on the card's stream) but
+        no other step. False, with nothing queued, when the step must be taken whole with `step`: a slot fed
+        alone that speculates, a slot that wants its logits rows (they are read after the step), or a card
+        without the LM head."""
+        if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):
+            return False
+        if self.speculator and len(feeds) == 1 and not masks and self.speculator.speculating(next(iter(feeds))):
+            return False
+        self._queue_picks(self._queue_step(feeds, None, masks), feeds)
+        return True
+
+    def _queue_step(self, feeds: Mapping[int, int], hidden: np.ndarray | None,
+                    masks: Mapping[int, TokenMask] | None) -> list[int]:
+        """Upload a step's record and replay its graph; the slots in row order."""
         slots = sorted(feeds)
         for slot in slots:
             if self.seqs[slot].next_position >= self.context:
@@ -283,6 +312,8 @@ class SlotDecoder:
         entries = ({slot: self.sampling.masks.entry(mask) for slot, mask in masks.items()}
                    if masks and self.sampling is not None else {})
         self._write_steps(slots, entries)
+        if self.fwd.heads:
+            self.gaps.started()
         if self.fwd.embeds:
             for row, slot in enumerate(slots):
                 self._host_ids[row] = feeds[slot]
@@ -293,17 +324,26 @@ class SlotDecoder:
         self.card.replay(graph.graph)
         for slot in slots:
             self.seqs[slot].next_position += 1
-        if not self.fwd.heads:
-            out = self.hidden_out[: len(slots)]
-            self.fwd.h.download_async(out)
-            self.card.stream.synchronize()
-            return out
+        return slots
+
+    def _queue_picks(self, slots: list[int], feeds: Mapping[int, int]) -> None:
+        """After a step on the card with the LM head: queue the picks' (and logprob records') read-back and the
+        MTP heads' upkeep (`CudaSpeculator.stepped`), then the step's end event."""
         n, size = len(slots), LOGPROB_DTYPE.itemsize
         self.sampling.tokens.view(0, 4 * n).download_async(self._host_tokens[:n])
-        asked = [slot for slot in slots if self._top_logprobs[slot] is not None]
+        asked = {slot for slot in slots if self._top_logprobs[slot] is not None}
         if asked:
             self.sampling.records.view(0, size * n).download_async(self._host_logprobs[: size * n])
-        self.card.stream.synchronize()
+        if self.speculator:
+            self.speculator.stepped(feeds)
+        self.gaps.ended()
+        self._queued = (slots, asked)
+
+    def collect(self) -> dict[int, Pick]:
+        """The picks of the step queued last (`launch`, or `step`'s own), waiting for it to end."""
+        (slots, asked), self._queued = self._queued, ([], set())
+        self.gaps.wait()
+        size = LOGPROB_DTYPE.itemsize
         picks = {}
         for row, slot in enumerate(slots):
             logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)
@@ -339,10 +379,12 @@ class SlotDecoder:
         return graph
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot:
+        self.gaps.interrupt()
         pos, parts = self.seqs[slot].snapshot()
         return SlotSnapshot((pos, parts), sum(p.nbytes for p in parts))
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
+        self.gaps.interrupt()
         self.seqs[slot].restore(snapshot.state)
         if self.speculator:
             self.speculator.leave_behind(slot)  # the snapshot holds no head cache

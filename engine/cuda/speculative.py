@@ -82,6 +82,9 @@ class CudaSpeculator:
         self._host_picks = self.card.pinned(2 * draft_tokens + 1, np.int32)
         # a round's per-step values, copied asynchronously: trunk [pos, n] | head [call][pos, n] | head ids | trunk id
         self._host_round = self.card.pinned(2 + 2 * draft_tokens + OWED_ROWS + 1, np.int32)
+        # per slot, a plain step's head call: [pos, n] then its tokens, copied asynchronously (`stepped` queues its
+        # work behind a launched step without waiting for it); a slot's row is rewritten only after that step ended
+        self._host_owed = self.card.pinned((len(seqs), 2 + OWED_ROWS + 1), np.int32)
         self.stats = SpeculationStats()
         self._requests: dict[int, bool] = {}  # slot → greedy (the arg-max rounds) or sampled (the card's rule)
         self._graphs: dict[tuple[object, ...], object] = {}
@@ -147,8 +150,11 @@ class CudaSpeculator:
             c = self.caches[slot]
             if c.owed_rows == OWED_ROWS:  # full: run them all (the fed token follows the last), before the copy
                 tokens = c.owed_tokens + [feeds[slot]]
-                head.ids.view(4 * len(order), 4 * len(tokens)).upload(np.asarray(tokens, np.int32))
-                c.steps.view(0, 8).upload(np.asarray([c.position, len(tokens)], np.int32))
+                staged = self._host_owed[slot]
+                staged[:2] = c.position, len(tokens)
+                staged[2 : 2 + len(tokens)] = tokens
+                head.ids.view(4 * len(order), 4 * len(tokens)).upload_async(staged[2 : 2 + len(tokens)])
+                c.steps.view(0, 8).upload_async(staged[:2])
                 head.forward(len(tokens), c.rows(0), c.owed, head.ids.view(4 * len(order), 4 * len(tokens)), None)
                 c.position += len(tokens)
                 c.owed_rows, c.owed_tokens = 0, []

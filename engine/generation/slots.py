@@ -129,6 +129,24 @@ class SlotBackend(Protocol):
         """Release the backend."""
 
 
+class StepLauncher(Protocol):
+    """The optional overlap capability of a `SlotBackend` (`launches_steps`): a plain step queued on the device
+    without waiting, so the host's text work for the previous step runs while the device computes."""
+
+    def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
+        """Queue `step(feeds, masks)` and return at once; False (nothing queued) when this step must be taken
+        whole with `step` (a speculative round, several cards). Until `collect`, the caller may prefill and
+        begin other slots (they run after the step) but not step."""
+
+    def collect(self) -> dict[int, Pick]:
+        """The launched step's picks, once it has ended."""
+
+
+def launches_steps(slots: SlotBackend) -> bool:
+    """Does this slot backend have the `StepLauncher` capability?"""
+    return callable(getattr(slots, "launch", None)) and callable(getattr(slots, "collect", None))
+
+
 class ImagePrefill(Protocol):
     """The optional image capability of a `SlotBackend` (see `supports_images` before calling)."""
 

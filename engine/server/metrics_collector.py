@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from engine.server.kv_usage import kv_usage
@@ -19,6 +19,7 @@ from engine.server.metrics import PREFIX
 from engine.telemetry import CardSample, TelemetrySource
 
 if TYPE_CHECKING:
+    from engine.cuda.step_gaps import StepGaps
     from engine.server.app import ModelSource
 
 MHZ = 1e6
@@ -84,6 +85,9 @@ class ServingCollector(Collector):
                 for card in kv.cards:
                     reserved.add_metric([card.device], card.reserved_bytes)
                     used.add_metric([card.device], card.used_bytes)
+                gaps = getattr(scheduler.backend, "step_gaps", None)
+                if gaps is not None:
+                    yield from _idle_between_steps(gaps)
         yield from (loaded, queue, limit, slots, busy, held, capacity, reserved, used)
 
     def _cards(self, telemetry: TelemetrySource) -> Iterator[Metric]:
@@ -103,3 +107,14 @@ class ServingCollector(Collector):
         yield up
         yield info
         yield from (family for family, _ in readings)
+
+
+def _idle_between_steps(gaps: StepGaps) -> Iterator[Metric]:
+    """The card's idle time between consecutive decode steps (engine.cuda.step_gaps): how much of the card the
+    host's own work leaves unused while requests decode."""
+    steps = CounterMetricFamily(f"{PREFIX}_decode_steps_followed", "Decode steps that directly followed another "
+                                "(each one's idle gap before it is counted)")
+    idle = CounterMetricFamily(f"{PREFIX}_decode_idle_seconds", "Card idle time between consecutive decode steps")
+    steps.add_metric([], gaps.steps)
+    idle.add_metric([], gaps.idle_ms / 1e3)
+    yield from (steps, idle)

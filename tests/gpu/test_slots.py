@@ -214,3 +214,46 @@ def test_masked_and_biased_slots_pick_on_the_card_as_the_host_would(demo):
         assert gpu.slots.sampling.masks.uploads == 3
     finally:
         gpu.close()
+
+
+class _PlainSteps:
+    """A CUDA backend seen without its `StepLauncher` capability: every step is taken whole."""
+
+    def __init__(self, backend: CudaBackend):
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        if name in ("launch", "collect"):
+            raise AttributeError(name)
+        return getattr(self._backend, name)
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "with_mtp_upkeep"])
+def test_launched_steps_serve_what_plain_steps_serve(demo, speculative):
+    """Six greedy requests (prompts of many lengths, prefix reuse between them) over 3 slots, through the scheduler
+    with steps launched before the text work and with every step taken whole: the same replies, token for
+    token, and the card measured its idle gaps between launched steps. With the MTP head loaded (when the demo
+    file has one) the heads' upkeep is queued behind each launched step."""
+    service = ModelService.from_loaded(demo)
+    asks = prompts(demo.config.vocab_size, 6)
+
+    def serve(wrap) -> tuple[list[list], CudaBackend]:
+        gpu = CudaBackend(demo, context=512, chunk=64, slots=3, speculative=speculative)
+        events: list[list] = [[] for _ in asks]
+        jobs: queue.Queue = queue.Queue()
+        for i, p in enumerate(asks):
+            jobs.put(Job(p, GREEDY, 24, False, None, [], events[i].append, turn_start=len(p) // 2))
+        jobs.put(None)
+        try:
+            Scheduler(wrap(gpu), service.tokenizer, PrefixCache(1 << 28)).run(jobs)
+        finally:
+            gpu.close()
+        return events, gpu
+
+    launched, gpu = serve(lambda g: g)
+    plain, _ = serve(_PlainSteps)
+    for a, b in zip(launched, plain):
+        assert isinstance(a[-1], Finished) and isinstance(b[-1], Finished)
+        assert a[-1].completion_tokens == b[-1].completion_tokens
+        assert [e for p in a[:-1] for e in p.events] == [e for p in b[:-1] for e in p.events]
+    assert gpu.step_gaps.steps > 0

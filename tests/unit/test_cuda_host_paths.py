@@ -321,3 +321,23 @@ def test_sampling_modes_are_data_one_graph_serves_greedy_and_sampled_slots(demo)
     assert card.graphs == graphs
     temperatures = [float(s.params.data.view(PARAMS_DTYPE)[0]["temperature"]) for s in dec.samplers]
     assert temperatures == [0.0, 0.8]  # the greedy slot's buffer no longer holds the sampled request's mode
+
+
+def test_a_launched_step_is_collected_like_a_step_and_its_idle_gap_counted(demo):
+    """`launch` queues a step and returns; `collect` gives its picks. A step that follows another directly has
+    its gap counted (a stand-in event says 1 ms); a prefill in between is not idle time. A slot that wants its
+    logits rows is never launched (they are read after the step)."""
+    card = FakeCard()
+    dec = SlotDecoder(card, demo.config, upload_weights(card, demo.file, demo.config), context=64, slots=2, chunk=16)
+    greedy = SlotRequest(SamplingParams(temperature=0.0), [])
+    for slot in (0, 1):
+        dec.prefill_slot(slot, [4, 5, 6])
+        dec.begin(slot, greedy)
+    assert dec.launch({0: 1, 1: 2}) and set(dec.collect()) == {0, 1}
+    assert dec.launch({0: 3, 1: 4}) and set(dec.collect()) == {0, 1}
+    assert dec.gaps.steps == 1 and dec.gaps.mean_ms == 1.0
+    dec.prefill_slot(0, [7])
+    assert dec.launch({0: 5}) and set(dec.collect()) == {0}
+    assert dec.gaps.steps == 1 and dec.seqs[0].next_position == 3 + 2 + 1 + 1
+    dec.begin(1, SlotRequest(SamplingParams(temperature=0.0), [], host_logits=True))
+    assert not dec.launch({0: 1, 1: 2})

@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from engine.generation.prefix_cache import PrefixCache
-from engine.generation.slots import ImagePrefill, Pick, SlotBackend, SlotRequest, supports_images
+from engine.generation.slots import (ImagePrefill, Pick, SlotBackend, SlotRequest, StepLauncher, launches_steps,
+                                     supports_images)
 from engine.generation.tokenizer import Tokenizer
+from engine.generation.serving.early_launch import UNSURE, next_feed
 from engine.generation.serving.generation_job import Failed, Job, JobOutput, Progress
 from engine.generation.serving.multimodal_chat import IMAGES_UNSUPPORTED
 from engine.generation.serving.owner_tasks import OwnerTasks, Wake
@@ -77,6 +79,9 @@ class Scheduler:
         self.supports_images = supports_images(slots)
         self.tasks = OwnerTasks()
         self.slots = [_Slot(i) for i in range(slots.slot_count)]
+        self._launches = launches_steps(slots)
+        # the step launched before its picks' text work: slot → (its job, the token fed), until collected
+        self._launched: dict[int, tuple[Job, int]] | None = None
         self._clock = itertools.count(1)
 
     @property
@@ -92,6 +97,7 @@ class Scheduler:
                 closing = self._admit(jobs, closing)
                 self.tasks.run_pending()
                 if closing and not self.active:
+                    self._settle()
                     self._refuse_waiting(jobs)
                     return
                 self._drop_cancelled()
@@ -99,6 +105,12 @@ class Scheduler:
                 self._decode()
         finally:
             self.tasks.close()
+
+    def _settle(self) -> None:
+        """Wait for a step launched for jobs that have all ended since (its picks are dropped)."""
+        if self._launched is not None:
+            self._launched = None
+            cast(StepLauncher, self.backend).collect()
 
     def _admit(self, jobs: "queue.Queue[Job | Wake | None]", closing: bool) -> bool:
         while not closing and any(s.job is None for s in self.slots):
@@ -211,6 +223,9 @@ class Scheduler:
 
     # ---- decode ----------------------------------------------------------------------------------
     def _decode(self) -> None:
+        if self._launched is not None:
+            self._take_launched()
+            return
         decoding = [s for s in self.slots if s.decoding]
         masks = {}
         for s in list(decoding):
@@ -231,12 +246,64 @@ class Scheduler:
             for s in decoding:
                 self._fail(s, err)
             return
-        for s in decoding:
-            s.tokens.append(feeds[s.index])  # type: ignore[arg-type]
+        self._take_step(decoding, feeds, picks)  # type: ignore[arg-type]
+
+    def _take_launched(self) -> None:
+        """Collect the step launched early (`_launch_next`) and take its picks. A slot whose job ended while the
+        step ran counted its fed token at its release; its pick is dropped."""
+        launched, self._launched = self._launched or {}, None
+        try:
+            picks = cast(StepLauncher, self.backend).collect()
+        except Exception as err:
+            for index, (job, _) in launched.items():
+                if self.slots[index].job is job:
+                    self._fail(self.slots[index], err)
+            return
+        stepped = [self.slots[i] for i, (job, _) in launched.items() if self.slots[i].job is job]
+        for s in stepped:
+            s.next_token = None  # fed already
+        self._take_step(stepped, {i: token for i, (_, token) in launched.items()}, picks)
+
+    def _take_step(self, stepped: list[_Slot], feeds: dict[int, int], picks: dict[int, Pick]) -> None:
+        """The fed tokens join each slot's tokens; the next step is launched if it can be (before the picks'
+        text work, which then runs while the card computes); then every pick goes through its job's text."""
+        for s in stepped:
+            s.tokens.append(feeds[s.index])
+        self._launch_next(stepped, picks)
+        for s in stepped:
             try:
                 self._take_run(s, picks[s.index])
             except Exception as err:  # this request's text pipeline or sink failed: it alone ends
                 self._fail(s, err)
+
+    def _launch_next(self, stepped: list[_Slot], picks: dict[int, Pick]) -> None:
+        """Queue the next step on the card now when every slot in it is known before any text work: each stepped
+        slot's pick either ends its job for sure or continues it for sure (`next_feed`), and no slot needs a
+        token mask (its grammar must take the pick first). Otherwise the next turn steps as usual."""
+        if not self._launches:
+            return
+        feeds: dict[int, int] = {}
+        for s in stepped:
+            assert s.job is not None and s.output is not None
+            token = next_feed(s.job, s.output, picks[s.index], self.stop_ids)
+            if token is UNSURE:
+                return
+            if token is not None:
+                feeds[s.index] = token
+        for s in self.slots:  # slots that began since (their first pick waits): they join this step
+            if s.decoding and s not in stepped:
+                if s.output is None or s.output.masked:
+                    return
+                feeds[s.index] = s.next_token  # type: ignore[assignment]
+        if not feeds:
+            return
+        try:
+            launched = cast(StepLauncher, self.backend).launch(feeds)
+        except Exception:  # the step will be taken as usual, and fail there if it must
+            log.exception("could not launch a step early")
+            return
+        if launched:
+            self._launched = {i: (self.slots[i].job, token) for i, token in feeds.items()}  # type: ignore[misc]
 
     def _take_run(self, slot: _Slot, pick: Pick) -> None:
         """A step's tokens in order (several with speculative decoding), each through every stop rule.
@@ -314,6 +381,8 @@ class Scheduler:
         (their pads' token ids do not say which image they were, so no follow-up may match them)."""
         job = slot.job
         saw_images = job is not None and job.multimodal is not None
+        if self._launched is not None and slot.index in self._launched and keep_state:
+            slot.tokens.append(self._launched[slot.index][1])  # the launched step feeds it to the state
         slot.job = slot.output = None
         slot.next_token = None
         slot.pending = []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.errors import RigllmError
 
+ROOT = Path(__file__).resolve().parents[2]  # the child imports the same engine package as this process
 READY_TIMEOUT_S = 900.0  # a 27B Q8_0 file read from a cold disk and uploaded takes minutes
 STOP_TIMEOUT_S = 60.0
 
@@ -34,7 +35,7 @@ def serve_command(model: Path, backend: str, port: int, slots: int, context: int
     """The `rigllm serve` command line. `--mtp off`: `rigllm bench`'s concurrent streams decode without
     drafts, and a random-weight MTP head's drafts would nearly all be rejected, so speculation would only
     add verify cost. `--no-snapshots`: chat-turn states stay in memory, off the user's data folder."""
-    return [sys.executable, "-m", "engine.cli", "serve", str(model), "--backend", backend, "--host", "127.0.0.1",
+    return [sys.executable, "-m", "engine.cli", "serve", str(model.resolve()), "--backend", backend, "--host", "127.0.0.1",
             "--port", str(port), "--slots", str(slots), "--context", str(context), "--mtp", "off", "--no-snapshots"]
 
 
@@ -60,8 +61,8 @@ def serving(model: Path, backend: str, slots: int, context: int, log: Path,
     root = f"http://127.0.0.1:{port}"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        child = subprocess.Popen(serve_command(model, backend, port, slots, context), stdout=out,
-                                 stderr=subprocess.STDOUT)
+        child = subprocess.Popen(serve_command(model, backend, port, slots, context), cwd=ROOT,
+                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + ready_timeout
         while not _healthy(root):

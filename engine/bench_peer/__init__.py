@@ -5,4 +5,8 @@
 process per variant (llama_side.py, llama-cpp-python's low-level API, llama-bench's procedure) and
 rigllm in this process (ours.py, the `rigllm bench` functions), then writes JSON and a markdown table
 with ratios and CMP 100-210 projections (report.py; the projection method is documented there).
+
+`python -m engine.bench_peer.serve_streams` (issue 28) times concurrent streams through a `rigllm serve`
+child and the openai client on the same synthetic GGUFs (serve_process.py, stream_timing.py), beside
+`rigllm bench`'s concurrent_streams.
 """

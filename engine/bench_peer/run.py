@@ -51,7 +51,8 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def positive_ints(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated positive integers (the peer benchmarks' count lists)."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -80,8 +81,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shapes", default="9b,27b", help="comma-separated: 0.8b, 9b, 27b")
     p.add_argument("--weights", type=_weight_types, default=("q8_0",),
                    help=f"comma-separated file types, each shape written in each: {', '.join(SYNTHETIC_WEIGHTS)}")
-    p.add_argument("--prompts", type=_ints, default=(512, 2048, 8192, 18432))
-    p.add_argument("--depths", type=_ints, default=(512, 18432))
+    p.add_argument("--prompts", type=positive_ints, default=(512, 2048, 8192, 18432))
+    p.add_argument("--depths", type=positive_ints, default=(512, 18432))
     p.add_argument("--steps", type=int, default=64, help="decode tokens timed per depth")
     p.add_argument("--reps", type=int, default=3, help="prefill repetitions (median)")
     p.add_argument("--llama-variant", action="append", dest="variants", metavar="NAME[:VAR=VALUE,...]",

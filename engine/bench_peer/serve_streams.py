@@ -24,10 +24,12 @@ import json
 import os
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.bench_peer.models import ensure_model
 from engine.bench_peer.run import git_commit, gpu_state, positive_ints
@@ -78,11 +80,34 @@ def measure(model: Path, backend: str, streams: tuple[int, ...], max_tokens: int
         results = {}
         for n in streams:
             concurrent_round(base_url, model_id, n, WARMUP_TOKENS)
-            rounds = sorted((summarize(concurrent_round(base_url, model_id, n, max_tokens), max_tokens)
-                             for _ in range(reps)), key=lambda r: r["aggregate_tokens_per_s"] or 0.0)
+            rounds = sorted((timed_round(base_url, model_id, n, max_tokens) for _ in range(reps)),
+                            key=lambda r: r["aggregate_tokens_per_s"] or 0.0)
             results[n] = {**rounds[len(rounds) // 2],
                           "aggregate_runs": [r["aggregate_tokens_per_s"] for r in rounds]}
     return results
+
+
+def timed_round(base_url: str, model_id: str, streams: int, max_tokens: int) -> dict[str, Any]:
+    """One round's summary, with the card's idle time between its decode steps when the server reports it
+    (/metrics' rigllm_decode_idle_seconds over rigllm_decode_steps_followed, read before and after)."""
+    before = decode_idle(base_url)
+    summary = summarize(concurrent_round(base_url, model_id, streams, max_tokens), max_tokens)
+    after = decode_idle(base_url)
+    if before is not None and after is not None and after[0] > before[0]:
+        steps, seconds = after[0] - before[0], after[1] - before[1]
+        summary.update(idle_gap_steps=steps, idle_gap_mean_us=1e6 * seconds / steps)
+    return summary
+
+
+def decode_idle(base_url: str) -> tuple[float, float] | None:
+    """(steps that followed a step, idle seconds before them) from the server's /metrics; None without them."""
+    request = urllib.request.Request(base_url.removesuffix("/v1") + "/metrics",
+                                     headers={"Authorization": "Bearer bench"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    steps, idle = values.get("rigllm_decode_steps_followed_total"), values.get("rigllm_decode_idle_seconds_total")
+    return None if steps is None or idle is None else (steps, idle)
 
 
 def bench_streams(path: Path) -> dict[int, float]:
@@ -106,13 +131,14 @@ def render_table(result: dict[str, Any]) -> str:
     """The short table printed last."""
     lines = [f"rigllm serve, {result['shape']} {result['weights']}, {result['backend']} backend, "
              f"{result['slots']} slots, max_tokens {result['max_tokens']} (median of {result['reps']} rounds)",
-             "streams   aggregate t/s   per stream t/s   tokens   short   bench t/s   serve/bench"]
+             "streams   aggregate t/s   per stream t/s   tokens   short   bench t/s   serve/bench   idle us/step"]
     for n, r in result["streams"].items():
         agg, per = r["aggregate_tokens_per_s"], r["per_stream_mean_tokens_per_s"]
-        bench, frac = r.get("bench_aggregate_tokens_per_s"), r.get("fraction_of_bench")
+        bench, frac, idle = r.get("bench_aggregate_tokens_per_s"), r.get("fraction_of_bench"), r.get("idle_gap_mean_us")
         lines.append(f"{n:>7}   {agg or 0:>13.1f}   {per or 0:>14.1f}   {r['completion_tokens']:>6}   "
                      f"{r['short_streams']:>5}   {'' if bench is None else f'{bench:.1f}':>9}   "
-                     f"{'' if frac is None else f'{100 * frac:.0f}%':>11}")
+                     f"{'' if frac is None else f'{100 * frac:.0f}%':>11}   "
+                     f"{'' if idle is None else f'{idle:.0f}':>12}")
     if any(r["short_streams"] for r in result["streams"].values()):
         lines.append("short: streams that ended before max_tokens (the model picked its end token); "
                      "their batch was narrower for the rest of the round")

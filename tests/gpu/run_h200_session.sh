@@ -9,6 +9,7 @@
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
 #   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbz", ".whl"] (K-quant GEMV tests, sweeps, benches)
 #   or:     bash tests/gpu/run_h200_session.sh focus tests/gpu/test_x.py ...   carry [".kbz", ".whl"]
+#   or:     bash tests/gpu/run_h200_session.sh serve     carry [".kbz", ".whl"]   (bench streams vs rigllm serve)
 #   llama.cpp beside rigllm on the K-quant files (issue 29), two calls: first the 9B Q8_0 bench (streams included)
 #   and llama-cpp-python's CUDA wheel from the stripped sdist (python -m engine.bench_peer.build SDIST
 #   .peer/llama-stripped.tar.gz, here), whose pieces come back in $OUT/peer; copy them to .peer/wheel, then
@@ -175,6 +176,19 @@ focus)  # after a change to a few kernels: the GPU tests named after `focus`, th
         --depths 512,4096 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
     wait
     echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A14 "^depth" "$RES/bench-9b-q8_0.log" ;;
+serve)  # issue 28's serve check: the 9B Q8_0 bench (its concurrent_streams), then the same stream counts through
+        # `rigllm serve` and the openai client on the synthetic 9B GGUF (engine.bench_peer.serve_streams), the ratio last
+    setup
+    job bench-9b-q8_0 200 python3 -m engine.cli bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512,4096 \
+        --json "$RES/$DAY-h200-bench-9b-q8_0.json"
+    wait
+    echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A5 "^streams at" "$RES/bench-9b-q8_0.log"
+    grep -A11 "^constrained steps" "$RES/bench-9b-q8_0.log"
+    job serve-streams $(($(left) - 10)) python3 -m engine.bench_peer.serve_streams --shape 9b --weights q8_0 \
+        --streams 1,2,4,8 --max-tokens 256 --bench-json "$RES/$DAY-h200-bench-9b-q8_0.json" \
+        --json "$RES/$DAY-h200-serve-streams-9b-q8_0.json"
+    wait
+    echo "serve-streams: $(cat "$RES/serve-streams.rc") ($SECONDS s)"; tail -8 "$RES/serve-streams.log" ;;
 peer-build)  # the 9B Q8_0 decode bench (one and several streams) first, then the wheel while the 9B GGUF is written
     setup
     job bench-9b-q8_0 150 python3 -m engine.cli bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512,4096 \

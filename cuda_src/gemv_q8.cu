@@ -157,3 +157,14 @@ RIGLLM_GEMV_Q8_VARIANT(3, r4_u2, 4, 2, 128, 4)
 RIGLLM_GEMV_Q8_VARIANT(3, r1_u4, 1, 4, 128, 7)
 RIGLLM_GEMV_Q8_VARIANT(3, r1_u8, 1, 8, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(3, r2_u4, 2, 4, 128, 5)
+// T = 4 and T = 8 (batched decode steps of 4 and 8 slots, issue 28): each weight word meets T activation words, so
+// the step is as much instruction issue as weight reads on the H200; the variants trade rows per warp (activation
+// loads shared by more rows) against accumulators (R * T) and loads in flight.
+RIGLLM_GEMV_Q8_VARIANT(4, r4_u1, 4, 1, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(4, r1_u4, 1, 4, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(4, r2_u4, 2, 4, 128, 5)
+RIGLLM_GEMV_Q8_VARIANT(4, r8_u1, 8, 1, 128, 3)
+RIGLLM_GEMV_Q8_VARIANT(8, r2_u1, 2, 1, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(8, r2_u2, 2, 2, 128, 5)
+RIGLLM_GEMV_Q8_VARIANT(8, r4_u2, 4, 2, 128, 3)
+RIGLLM_GEMV_Q8_VARIANT(8, r1_u4, 1, 4, 128, 6)

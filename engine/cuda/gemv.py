@@ -63,13 +63,27 @@ GEMV_VARIANTS = {
         "gemv_q8_t3_r1_u8": GemvLaunch(1, 128),
         "gemv_q8_t3_r2_u4": GemvLaunch(2, 128),
     },
+    4: {
+        "gemv_q8_t4": GemvLaunch(GEMV_ROWS_PER_WARP[4], GEMV_THREADS),
+        "gemv_q8_t4_r4_u1": GemvLaunch(4, 128),
+        "gemv_q8_t4_r1_u4": GemvLaunch(1, 128),
+        "gemv_q8_t4_r2_u4": GemvLaunch(2, 128),
+        "gemv_q8_t4_r8_u1": GemvLaunch(8, 128),
+    },
+    8: {
+        "gemv_q8_t8": GemvLaunch(GEMV_ROWS_PER_WARP[8], GEMV_THREADS),
+        "gemv_q8_t8_r2_u1": GemvLaunch(2, 128),
+        "gemv_q8_t8_r2_u2": GemvLaunch(2, 128),
+        "gemv_q8_t8_r4_u2": GemvLaunch(4, 128),
+        "gemv_q8_t8_r1_u4": GemvLaunch(1, 128),
+    },
 }
 # Chosen by `gemv_sweep` on the H200 (2026-11-30): T = 1 (…-gemv-sweep.json) 2293 us of GEMV per 9B decode
 # token against 2417 us for the first setting (r2_u4); T = 2 (…-gemv-sweep-t2.json) the plain kernel, 2404 us
 # per 2-token step (1.05x one token) against 2479-2830 us for the others; T = 3 (…-s4-gemv-sweep-t3.json)
 # r2_u4, 2550 us per 3-token step, level with r1_u4 (2555) and 7% under the plain kernel (2735). Re-run the
 # sweep on the target card: Volta's register file and SM count may rank them differently.
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4"}
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4", 8: "gemv_q8_t8"}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 

@@ -83,7 +83,11 @@ GEMV_VARIANTS = {
 # per 2-token step (1.05x one token) against 2479-2830 us for the others; T = 3 (…-s4-gemv-sweep-t3.json)
 # r2_u4, 2550 us per 3-token step, level with r1_u4 (2555) and 7% under the plain kernel (2735). Re-run the
 # sweep on the target card: Volta's register file and SM count may rank them differently.
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4", 8: "gemv_q8_t8"}
+# T = 4 and 8 from `rigllm bench --synthetic 9b --gemv-sweep 4|8` on the H200, 2026-12-03 (commit 5fbb707): 2,678 µs
+# against the old default's 3,035 µs per 4-token step, 3,802 against 4,024 per 8-token step
+# (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t4.json, -t8.json)
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4_r2_u4",
+                8: "gemv_q8_t8_r2_u1"}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 

@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                         "on --mtp-fixture)")
     p.add_argument("--mtp-fixture", default=str(TRAINED_FIXTURE),
                    help="a trained fixture with an MTP head whose greedy acceptance (arith answers) the projection uses")
-    p.add_argument("--gemv-sweep", type=int, choices=(1, 2, 3, 4, 8), metavar="TOKENS",
-                   help="instead: every GEMV kernel variant for 1, 2, 3, 4 or 8 tokens on the --synthetic shape's decode matrices "
+    p.add_argument("--gemv-sweep", type=int, choices=tuple(range(1, 9)), metavar="TOKENS",
+                   help="instead: every GEMV kernel variant for 1 to 8 tokens on the --synthetic shape's decode matrices "
                         "(GB/s per matrix, GEMV time per step), to choose engine.cuda.gemv.DEFAULT_GEMV")
     p.add_argument("--json", dest="json_out", help="write the results here (default: stdout only)")
     p.set_defaults(func=run)

@@ -31,10 +31,10 @@ class GemvLaunch:
     threads: int
 
 
-# The kernels that can be swapped in for one token (decode) and two (a one-draft speculative verify, two-slot
-# steps): T -> name -> launch shape. Mirrors gemv_q8.cu's RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...)
-# lines (a unit test checks it); `microbench.gemv_sweep` times them. DEFAULT_GEMV[T] is the one every T-token
-# GEMV launches: switching to a faster variant is changing that one name. Other token counts have one kernel.
+# The kernels that can be swapped in for each token count (1: decode; 2-3: speculative verifies and two- or
+# three-slot steps; 4-8: batched steps): T -> name -> launch shape. Mirrors gemv_q8.cu's
+# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) lines (a unit test checks it); `microbench.gemv_sweep` times them. DEFAULT_GEMV[T] is the one every T-token
+# GEMV launches: switching to a faster variant is changing that one name.
 GEMV_VARIANTS = {
     1: {
         "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
@@ -70,6 +70,9 @@ GEMV_VARIANTS = {
         "gemv_q8_t4_r2_u4": GemvLaunch(2, 128),
         "gemv_q8_t4_r8_u1": GemvLaunch(8, 128),
     },
+    **{t: {f"gemv_q8_t{t}": GemvLaunch(GEMV_ROWS_PER_WARP[t], GEMV_THREADS),
+           f"gemv_q8_t{t}_r2_u1": GemvLaunch(2, 128),
+           f"gemv_q8_t{t}_r2_u2": GemvLaunch(2, 128)} for t in (5, 6, 7)},
     8: {
         "gemv_q8_t8": GemvLaunch(GEMV_ROWS_PER_WARP[8], GEMV_THREADS),
         "gemv_q8_t8_r2_u1": GemvLaunch(2, 128),
@@ -87,7 +90,7 @@ GEMV_VARIANTS = {
 # against the old default's 3,035 µs per 4-token step, 3,802 against 4,024 per 8-token step
 # (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t4.json, -t8.json)
 DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4_r2_u4",
-                8: "gemv_q8_t8_r2_u1"}
+                5: "gemv_q8_t5", 6: "gemv_q8_t6", 7: "gemv_q8_t7", 8: "gemv_q8_t8_r2_u1"}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 
@@ -209,16 +212,11 @@ def gemv_q8(
     """
     if n_tokens not in GEMV_ROWS_PER_WARP:
         raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
-    if n_tokens in GEMV_VARIANTS:
-        known = GEMV_VARIANTS[n_tokens]
-        kernel = DEFAULT_GEMV[n_tokens] if variant is None else variant
-        if kernel not in known:
-            raise ValueError(f"unknown T={n_tokens} GEMV variant {kernel!r}; known: {', '.join(known)}")
-        launch = known[kernel]
-    elif variant is not None:
-        raise ValueError(f"GEMV variants exist for {sorted(GEMV_VARIANTS)} tokens, not {n_tokens}")
-    else:
-        kernel, launch = f"gemv_q8_t{n_tokens}", GemvLaunch(GEMV_ROWS_PER_WARP[n_tokens], GEMV_THREADS)
+    known = GEMV_VARIANTS[n_tokens]
+    kernel = DEFAULT_GEMV[n_tokens] if variant is None else variant
+    if kernel not in known:
+        raise ValueError(f"unknown T={n_tokens} GEMV variant {kernel!r}; known: {', '.join(known)}")
+    launch = known[kernel]
     ends = matmul_args(w, x, y, n_tokens, residual)
     rows_per_block = launch.rows_per_warp * (launch.threads // 32)
     grid = (w.rows + rows_per_block - 1) // rows_per_block

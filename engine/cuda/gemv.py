@@ -86,13 +86,11 @@ GEMV_VARIANTS = {
 # per 2-token step (1.05x one token) against 2479-2830 us for the others; T = 3 (…-s4-gemv-sweep-t3.json)
 # r2_u4, 2550 us per 3-token step, level with r1_u4 (2555) and 7% under the plain kernel (2735). Re-run the
 # sweep on the target card: Volta's register file and SM count may rank them differently.
-# T = 4 and 8 from `rigllm bench --synthetic 9b --gemv-sweep 4|8` on the H200, 2026-12-03 (commit 5fbb707): 2,678 µs
-# against the old default's 3,035 µs per 4-token step, 3,802 against 4,024 per 8-token step
-# (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t4.json, -t8.json)
+# T = 4..8 from `rigllm bench --synthetic 9b --gemv-sweep T` on the H200, 2026-12-03 (commits 5fbb707, b053bf3), µs
+# of GEMV per 9B step against the old default: T=4 2,678 vs 3,035; T=5 2,690 vs 2,910; T=6 2,934 vs 3,719;
+# T=7 2,989 vs 3,073; T=8 3,802 vs 4,024 (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t*.json)
 DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4_r2_u4",
-                5: "gemv_q8_t5", 6: "gemv_q8_t6", 7: "gemv_q8_t7", 8: "gemv_q8_t8_r2_u1"}
-MAX_SEGMENTS = 4
-QUANTIZE_THREADS = 256
+                5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r2_u1"}
 
 
 @dataclass(frozen=True)

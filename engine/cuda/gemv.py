@@ -91,6 +91,8 @@ GEMV_VARIANTS = {
 # T=7 2,989 vs 3,073; T=8 3,802 vs 4,024 (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t*.json)
 DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4_r2_u4",
                 5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r2_u1"}
+MAX_SEGMENTS = 4
+QUANTIZE_THREADS = 256
 
 
 @dataclass(frozen=True)

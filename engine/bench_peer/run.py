@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.bench_peer import build
 from engine.bench_peer.models import ensure_model
@@ -215,9 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run_command(main: Callable[[], int]) -> NoReturn:
+    """Exit with a benchmark command's status; a RigllmError ends it with its message and status 1."""
     try:
         sys.exit(main())
     except RigllmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_command(main)

@@ -32,7 +32,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.bench_peer.models import ensure_model
-from engine.bench_peer.run import git_commit, gpu_state, positive_ints
+from engine.bench_peer.run import git_commit, gpu_state, positive_ints, run_command
 from engine.bench_peer.serve_process import serving
 from engine.bench_peer.stream_timing import PROMPT, concurrent_round, summarize
 from engine.errors import RigllmError
@@ -173,8 +173,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except RigllmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run_command(main)

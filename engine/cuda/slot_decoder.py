@@ -265,12 +265,16 @@ class SlotDecoder:
         """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
         a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
         head); on a speculating card a slot fed alone may take a speculative round instead (never a masked one)."""
-        if self.speculator and len(feeds) == 1 and not masks:
-            (slot, token), = feeds.items()
-            pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, token))
+        slot = self._lone_slot(feeds, masks)
+        if slot is not None:
+            pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, feeds[slot]))
             if pick is not None:
                 return {slot: pick}
         return self.step_part(feeds, hidden, masks)
+
+    def _lone_slot(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None) -> int | None:
+        """The slot a step may turn into a speculative round: one fed alone, unmasked, on a speculating card."""
+        return next(iter(feeds)) if self.speculator and len(feeds) == 1 and not masks else None
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None,
                   masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick] | np.ndarray:
@@ -296,7 +300,8 @@ class SlotDecoder:
         without the LM head."""
         if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):
             return False
-        if self.speculator and len(feeds) == 1 and not masks and self.speculator.speculating(next(iter(feeds))):
+        slot = self._lone_slot(feeds, masks)
+        if slot is not None and self.speculator.speculating(slot):
             return False
         self._queue_picks(self._queue_step(feeds, None, masks), feeds)
         return True
@@ -364,11 +369,12 @@ class SlotDecoder:
         """The host copy of the step buffer for a step over `slots` (row b continues slots[b]): every slot's
         next position with one token, its rope position, the rows' slots, and every slot's mask pool entry
         (`mask_entries`, NO_MASK for the slots not there)."""
+        entries = mask_entries or {}
         for slot, seq in enumerate(self.seqs):
             self._host_steps[STEP_INTS * slot : STEP_INTS * (slot + 1)] = (seq.next_position, 1)
             at = self._rope_at + ROPE_INTS * slot
             self._host_steps[at : at + ROPE_INTS] = seq.next_rope_position
-            self._host_steps[self._masks_at + slot] = (mask_entries or {}).get(slot, NO_MASK)
+            self._host_steps[self._masks_at + slot] = entries.get(slot, NO_MASK)
         self._host_steps[self._rows_at : self._rows_at + len(slots)] = slots
 
     def _graph(self, width: int) -> DecodeGraph:

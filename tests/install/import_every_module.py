@@ -22,6 +22,10 @@ NOT_IMPORTABLE_WITH_APP: dict[str, str] = {
     "app.__main__": "the `python -m app` entry point: importing it starts the desktop app",
     "engine.fixtures.torch_model": "the trained fixtures' torch model (nn.Module subclasses): needs torch and "
                                    "transformers from the dev extra; only `python -m engine.fixtures.train` uses it",
+    "engine.bench_peer.serve_streams": "the serve benchmark drives `rigllm serve` through the official openai "
+                                       "client (dev extra), as the issue's users do",
+    "engine.bench_peer.stream_timing": "its timed streams are openai client calls (dev extra); only "
+                                       "serve_streams uses it",
 }
 
 

@@ -32,6 +32,8 @@ BASE = ""  # the name this test gives the base dependencies
 # module -> the extra whose install its eager imports need, where that is not its package's default.
 MODULE_EXTRA: dict[str, str] = {
     "engine/fixtures/torch_model.py": "dev",  # the trained fixtures' torch model: `python -m engine.fixtures.train`
+    "engine/bench_peer/serve_streams.py": "dev",  # the serve benchmark drives `rigllm serve` with the openai client
+    "engine/bench_peer/stream_timing.py": "dev",  # its timed streams are openai client calls
 }
 # imports that no extra provides, and why that is right.
 NOT_FROM_AN_EXTRA: dict[str, str] = {

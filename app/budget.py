@@ -8,8 +8,8 @@ capacity. Fixes are found by asking the planner again (smaller KV formats, the l
 fits, one more card), so a fix shown is a fix that fits, and only KV formats the chosen backend has
 kernels for are offered or called a fit.
 
-Cards default to the fewest that fit (`fewest_cards`): one card keeps MTP speculation (the CUDA backend
-drafts on one card only) and pays no PCIe hops between cards. With no card the CPU reference backend
+Cards default to the fewest that fit (`fewest_cards`): one card pays no PCIe hops between cards (each
+decode step or speculative round crosses every boundary between cards once). With no card the CPU reference backend
 runs the model, and its fp32 weights and KV cache are priced against system RAM (`cpu_budget`).
 """
 
@@ -132,7 +132,7 @@ def fewest_cards(fp: Footprint, all_cards: list[CardSample], context: int, kv: s
         if _try_plan(fp, [profile_of(all_cards[i]) for i in chosen], context, kv):
             if n == 1:
                 return chosen, (f"1 card: the model fits on card {all_cards[chosen[0]].index} at {setting}; one card "
-                                "keeps MTP speculation and needs no PCIe hops between cards")
+                                "needs no PCIe hops between cards")
             return chosen, f"{n} cards: the fewest that hold the model at {setting}"
     return sorted(order), f"all {len(order)} cards: the model does not fit on fewer at {setting}"
 

@@ -38,7 +38,7 @@ def open_backend(name: str, loaded: LoadedModel, context: int | None = None,
     single card runs on the calling thread.
     `mmproj`: the model's vision tower, loaded onto the (first) card by the CUDA backend, which then
     encodes and prefills images itself; the reference runs its numpy tower elsewhere and ignores it.
-    `speculative`, `draft_tokens`: the CUDA backend on one card loads the model's MTP head (when it has one)
+    `speculative`, `draft_tokens`: the CUDA backend loads the model's MTP head (when it has one) on its last card
     and drafts that many tokens per verify (the reference speculates through `HostSlots` instead).
     """
     from engine.sparse.profile import require_profile

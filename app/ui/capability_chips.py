@@ -24,8 +24,7 @@ def chips_of(info: ModelInfo) -> list[tuple[str, str, str]]:
     if info.mtp:
         mtp = ("mtp", "MTP", "speculative decoding with the model's MTP head (Settings > Speculation)")
     else:
-        mtp = ("mtp", "no MTP", "the model has no MTP head" if len(info.cards) <= 1 else
-               "MTP speculation runs on one card only: this model is split over several")
+        mtp = ("mtp", "no MTP", "the model has no MTP head")
     cards = ", ".join(map(str, info.cards))
     where = ("cards", f"cards {cards}" if len(info.cards) > 1 else f"card {cards}" if info.cards else "CPU",
              "the cards (PCI bus order) the model's layers are on" if info.cards else "runs in system RAM")

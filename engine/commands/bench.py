@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mtp", action="store_true",
                    help="instead: MTP speculative decoding at the first --depths value: verify and draft cost against a "
                         "decode step, speculative tokens/s, and a projection at the acceptance of --mtp-acceptance or "
-                        "of --mtp-fixture (a random head for --synthetic)")
+                        "of --mtp-fixture (a random head for --synthetic); with --pipeline N, speculative rounds over "
+                        "N cards against plain steps")
     p.add_argument("--mtp-acceptance", type=float, help="per-draft acceptance for the projection (default: measured "
                                                         "on --mtp-fixture)")
     p.add_argument("--mtp-fixture", default=str(TRAINED_FIXTURE),
@@ -80,17 +81,47 @@ def _pipeline(args: argparse.Namespace, prompts: tuple[int, ...]) -> int:
     return 0
 
 
+def _pipeline_mtp(args: argparse.Namespace, depth: int) -> int:
+    """`--pipeline N --mtp`: the fixture's acceptance (its own card, closed again), then rounds over N cards."""
+    from engine.cuda.bench.pipeline_mtp import render_pipeline_mtp, run_pipeline_mtp_bench
+    from engine.errors import RigllmError
+    from engine.gguf.shapes import shape_config
+
+    counts = [int(x) for x in args.pipeline.split(",")]
+    if not args.synthetic or len(counts) != 1:
+        raise RigllmError("--pipeline N --mtp needs --synthetic SHAPE and one card count")
+    cfg = shape_config(args.synthetic)
+    if not cfg.n_mtp:
+        raise RigllmError(f"the {args.synthetic} shape has no MTP block")
+    fixture = _fixture_acceptance(args)
+    acceptance = args.mtp_acceptance if fixture is None else fixture["acceptance"]
+    devices = tuple(int(x) for x in args.devices.split(","))
+    result = run_pipeline_mtp_bench(cfg, args.synthetic, counts[0], devices, depth, acceptance,
+                                    weight_type=args.weights)
+    _emit(args, {**result, "fixture_acceptance": fixture})
+    print(render_pipeline_mtp(result), file=sys.stderr)
+    return 0
+
+
+def _fixture_acceptance(args: argparse.Namespace) -> dict | None:
+    """The trained fixture's measured acceptance (its own card, closed again), unless --mtp-acceptance is given."""
+    from engine.cuda.bench.mtp_bench import fixture_acceptance
+    from engine.errors import RigllmError
+
+    if args.mtp_acceptance is not None:
+        return None
+    if not Path(args.mtp_fixture).is_file():
+        raise RigllmError(f"no fixture at {args.mtp_fixture}: give --mtp-acceptance or --mtp-fixture")
+    return fixture_acceptance(args.mtp_fixture)
+
+
 def _mtp(args: argparse.Namespace, depth: int) -> int:
     """`--mtp`: the fixture's acceptance first (its own card, closed again), then the costs on the model."""
     from engine.cuda.driver import CudaCard
-    from engine.cuda.bench.mtp_bench import fixture_acceptance, render_mtp, run_mtp_bench
+    from engine.cuda.bench.mtp_bench import render_mtp, run_mtp_bench
     from engine.errors import RigllmError
 
-    fixture = None
-    if args.mtp_acceptance is None:
-        if not Path(args.mtp_fixture).is_file():
-            raise RigllmError(f"no fixture at {args.mtp_fixture}: give --mtp-acceptance or --mtp-fixture")
-        fixture = fixture_acceptance(args.mtp_fixture)
+    fixture = _fixture_acceptance(args)
     acceptance = args.mtp_acceptance if fixture is None else fixture["acceptance"]
     card = CudaCard(0)
     try:
@@ -190,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         raise RigllmError("give either a MODEL file or --synthetic SHAPE")
     prompts = tuple(int(x) for x in args.prompts.split(","))
     depths = tuple(int(x) for x in args.depths.split(","))
+    if args.pipeline and args.mtp:
+        return _pipeline_mtp(args, depths[0])
     if args.pipeline:
         return _pipeline(args, prompts)
     if args.mtp:

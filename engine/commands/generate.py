@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStream | None:
     """The speculating view of a reference `backend` when `--mtp on` and its model has an MTP head (the CUDA
-    backend on one card speculates by itself, see `open_backend`)."""
+    backend speculates by itself, on one card or several, see `open_backend`)."""
     from engine.reference.backend import ReferenceBackend
     from engine.generation.speculative_stream import SpeculativeStream
 
@@ -191,7 +191,7 @@ def _speculative(args: argparse.Namespace, backend: Backend) -> SpeculativeStrea
     if isinstance(backend, ReferenceBackend):
         return SpeculativeStream(backend, args.mtp_draft) if backend.model.mtp else None
     if backend.config.n_mtp and getattr(backend, "speculation_stats", None) is None:
-        print(f"[rigllm] MTP speculation runs on the reference backend and the CUDA backend on one card; this "
+        print(f"[rigllm] this model's MTP head runs on the reference backend only (its own embedding or LM head); this "
               f"{backend.name} backend decodes one token per step", file=sys.stderr)
     return None
 

@@ -13,9 +13,11 @@ no hand-off per call; so every call must come from that thread (one card, one th
 
 The backend implements the generation layer's `Backend` (`forward_last`, for backend comparisons and
 the host sampler; `decode_on_device`, the single-sequence fast path; `forward_embedded`) and `SlotBackend`
-(engine.generation.slots, the scheduler's batched interface). On a single card it speculates with the
-model's MTP head when the file has one (on by default, as on the reference; `speculative=False` leaves
-the head off the card): the head needs the embedding and the LM head on its card. Given an mmproj the
+(engine.generation.slots, the scheduler's batched interface). It speculates with the model's MTP head
+when the file has one (on by default, as on the reference; `speculative=False` leaves the head off the
+cards): the head goes on the card with the LM head (with its own copy of the embedding when that is not
+the first card), and over several cards a round's verify runs through every card
+(engine.cuda.pipeline_speculation). Given an mmproj the
 first card also holds the fp16 vision tower and prefills image prompts (`ImagePrefill`): `encode_image`
 runs the tower, `prefill_embedded` carries a chunk's (t, h, w) positions to every card and its image rows
 to the first.
@@ -38,12 +40,13 @@ from engine.cuda.card_thread import ThreadFactory, card_executors
 from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.pipeline import BridgeModel, PipelinedPrefill
+from engine.cuda.pipeline_speculation import PipelineRounds
 from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
 from engine.cuda.slot_decoder import DEFAULT_CHUNK, SlotDecoder
 from engine.cuda.stage import Stage, layer_spans
 from engine.cuda.step_gaps import StepGaps
 from engine.cuda.vision import gpu_image_encoder
-from engine.cuda.weights import ModelWeights, has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
+from engine.cuda.weights import ModelWeights, MtpWeights, has_mtp, trunk_bytes, upload_mtp_weights, upload_weights
 from engine.errors import RigllmError
 from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
@@ -65,6 +68,7 @@ from engine.vision.preprocess import PreparedImage
 
 T = TypeVar("T")
 WeightsFor = Callable[[CudaCard, range, ProgressCounter], ModelWeights]
+MtpFor = Callable[[CudaCard, ModelWeights], MtpWeights]
 
 
 @dataclass
@@ -86,8 +90,8 @@ class CudaBackend:
                  progress: ProgressCallback | None = None, kv: str = "f16", mmproj: LoadedMmproj | None = None,
                  speculative: bool = True, draft_tokens: int = 1, sparse: SparseProfile | None = None,
                  bridge: BridgeModel | None = None, config: ModelConfig | None = None,
-                 weights_for: WeightsFor | None = None, card_factory: Callable[..., CudaCard] = CudaCard,
-                 thread_factory: ThreadFactory | None = None):
+                 weights_for: WeightsFor | None = None, mtp_for: MtpFor | None = None,
+                 card_factory: Callable[..., CudaCard] = CudaCard, thread_factory: ThreadFactory | None = None):
         """`cards`: the cards to place layers on, in order (a `CardSpec`'s `capacity_bytes` caps a "logical
         card", e.g. 16 GiB to act as a CMP 100-210 on a bigger GPU); `split`: layers per card (default: the
         memory plan's split by free memory and per-layer cost; a user's split is checked by the plan too).
@@ -95,12 +99,12 @@ class CudaBackend:
         propagates. `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.model.kv_formats).
         `mmproj`: a validated vision tower paired with this model (engine.vision.encoder checks the pairing),
         loaded onto the first card and counted in its memory plan.
-        `speculative`: on a single card, load the MTP head (when the file has one) and draft `draft_tokens` per
-        verify, for greedy and sampled requests alike (the exact acceptance rule runs on the card:
-        engine.cuda.speculative). `sparse`: a calibrated sparse prefill profile
+        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for greedy
+        and sampled requests alike (the exact acceptance rule runs on the card: engine.cuda.speculative). `sparse`: a calibrated sparse prefill profile
         (engine.sparse.profile.require_profile), each card applying it to its own attention layers; None: dense.
         `bridge`: slow every hop down to a modelled link. `config` + `weights_for` replace `loaded` for
-        synthetic benchmarks (weights made on each card; no file, so no plan); `card_factory` makes each card's
+        synthetic benchmarks (weights made on each card; no file, so no plan), and `mtp_for(card, trunk)` makes
+        their MTP head on the last card (speculating like a file's head); `card_factory` makes each card's
         context (tests on machines without a GPU pass a stand-in); `thread_factory(target, name)` makes each
         card's thread when there are several (engine.cuda.card_thread)."""
         cards = (CardSpec(),) if cards is None else tuple(cards)
@@ -113,9 +117,11 @@ class CudaBackend:
         self.context = min(context or cfg.context_length, cfg.context_length)
         self.slot_count, self.prefill_chunk, self.draft_tokens = slots, chunk, draft_tokens
         self.kv, self.sparse, self.bridge = kv_format(kv), sparse, bridge
-        self.with_mtp = speculative and len(cards) == 1 and loaded is not None and has_mtp(loaded.file, cfg)
+        self.mtp_for = mtp_for
+        self.with_mtp = speculative and (mtp_for is not None if loaded is None else has_mtp(loaded.file, cfg))
         self.executors = card_executors(len(cards), thread_factory)
         self.stages: list[Stage] = []
+        self.rounds: PipelineRounds | None = None  # speculative rounds over several cards
         try:  # a failed or cancelled load must not leave a context pushed (pycuda aborts the process at exit)
             for i, (ex, spec) in enumerate(zip(self.executors, cards)):
                 name = f"card {i} (cuda:{spec.device})" if len(cards) > 1 else None
@@ -126,6 +132,8 @@ class CudaBackend:
                      for ex, st, span in zip(self.executors, self.stages, self.spans)]
             for f in loads:  # several cards load in parallel, each on its own thread
                 f.result()
+            self.rounds = (PipelineRounds(self.stages, self.executors, self._hop)
+                           if self.with_mtp and len(self.stages) > 1 else None)
         except BaseException:
             self.close()
             raise
@@ -155,10 +163,13 @@ class CudaBackend:
         if mmproj is not None and st.index == 0:
             counter.enter("uploading the vision tower")
             st.images = gpu_image_encoder(st.card, mmproj)
-        mtp = upload_mtp_weights(st.card, loaded.file, cfg, weights) if self.with_mtp and loaded is not None else None
+        mtp = None
+        if self.with_mtp and st.index == len(self.executors) - 1:
+            mtp = (upload_mtp_weights(st.card, loaded.file, cfg, weights) if loaded is not None
+                   else self.mtp_for(st.card, weights))  # type: ignore[misc]
         counter.enter("allocating slots and warming up kernels")
         st.load(SlotDecoder(st.card, cfg, weights, self.context, self.slot_count, self.prefill_chunk, self.kv,
-                            mtp=mtp, draft_tokens=self.draft_tokens, sparse=self.sparse))
+                            mtp=mtp, draft_tokens=self.draft_tokens, sparse=self.sparse, verifies=self.with_mtp))
         counter.enter("ready")
 
     # ---- running work on the cards -----------------------------------------------------------------
@@ -270,7 +281,12 @@ class CudaBackend:
         return self.stages[-1].decoder.gaps
 
     def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
-        """The trunk cards pass their hidden rows on, one hop per boundary; the last card picks, under `masks`."""
+        """The trunk cards pass their hidden rows on, one hop per boundary; the last card picks, under `masks`.
+        Over several cards a slot fed alone that speculates takes a round through every card instead."""
+        if self.rounds is not None:
+            picks = self.rounds.step(feeds, masks)
+            if picks is not None:
+                return picks
         hidden = None
         for ex, st in zip(self.executors[:-1], self.stages[:-1]):
             hidden = self._hop(ex.call(st.decoder.step_part, feeds, hidden))

@@ -164,18 +164,22 @@ class ForwardPass:
         self._norm(last, self.w.output_norm, x, 1)
         matmul(self.card, self.w.lm_head, x, self.logits, 1)
 
-    def run_verify(self, n: int, seq: DeviceSequence, rings: dict[int, GdnRing], hidden: DeviceBuffer) -> None:
-        """A speculative verify: the n <= 8 tokens in `ids` continuing `seq` (at its `step`), on the card that
-        runs the whole model. Logits of row t → `logits_row(t)`; the final-normed hidden rows → `hidden`
-        ([n][D] fp32, the MTP head's input); each GDN layer's states after tokens 0..n-2 → `rings[layer]`."""
+    def run_verify(self, n: int, seq: DeviceSequence, rings: dict[int, GdnRing], hidden: DeviceBuffer | None) -> None:
+        """This card's part of a speculative verify: the n <= 8 tokens in `ids` (a later card: the previous
+        card's hidden rows, already in `h`) continuing `seq` (at its `step`); each GDN layer's states after
+        tokens 0..n-2 → `rings[layer]`. On the card with the LM head, logits of row t → `logits_row(t)` and
+        the final-normed hidden rows → `hidden` ([n][D] fp32, the MTP head's input); on another card the n
+        hidden rows stay in `h` for the next."""
         cfg = self.cfg
-        if not (self.embeds and self.heads) or not 1 <= n <= MAX_GEMV_TOKENS:
-            raise ValueError(f"a verify runs 1..{MAX_GEMV_TOKENS} tokens on a card holding the whole model")
+        if not 1 <= n <= MAX_GEMV_TOKENS:
+            raise ValueError(f"a verify runs 1..{MAX_GEMV_TOKENS} tokens, not {n}")
         self._rings, self._anywhere = rings, True
         try:
             self._layers(n, seq, None)  # speculation runs on text positions only
         finally:
             self._rings, self._anywhere = None, False
+        if not self.heads:
+            return
         x = self.q8[cfg.d_model]
         self._norm(self.h, self.w.output_norm, x, n, y=hidden)
         matmul(self.card, self.w.lm_head, x, self.logits, n)

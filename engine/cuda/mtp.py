@@ -82,11 +82,12 @@ class MtpCache:
 
 
 class MtpHead:
-    """The head's pass on the card that runs the whole model, with its input and output buffers."""
+    """The head's pass on the card with the LM head (the whole model on one card, the last stage on several),
+    with its input and output buffers."""
 
     def __init__(self, fwd: ForwardPass, weights: MtpWeights, draft_tokens: int):
-        if fwd.w.token_embd is None or fwd.w.lm_head is None:
-            raise ValueError("the MTP head runs on a card holding the embedding and the LM head")
+        if fwd.w.lm_head is None:
+            raise ValueError("the MTP head runs on the card holding the LM head")
         card, cfg = fwd.card, fwd.cfg
         self.fwd, self.w, self.card, self.cfg = fwd, weights, card, cfg
         d = cfg.d_model
@@ -119,7 +120,7 @@ class MtpHead:
         if not 1 <= n <= self.max_rows:
             raise ValueError(f"a head call runs 1..{self.max_rows} rows, not {n}")
         fwd, d = self.fwd, self.cfg.d_model
-        embed(self.card, fwd.w.token_embd, ids, fwd.h, n)
+        embed(self.card, self.w.embedding, ids, fwd.h, n)
         self._norm_into(fwd.h, self.w.enorm, n, 0)
         self._norm_into(hidden, self.w.hnorm, n, 1)
         fwd._matmul(self.w.eh_proj, self.x2, fwd.h, n)

@@ -21,10 +21,13 @@ positions from a device buffer. After an image a sequence's rope positions run b
 steps always read each slot's rope position from the per-step buffer (the same bits as text
 positions when there is no shift), so the captured graphs serve both.
 
-With MTP weights (single card) a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step
-that feeds one slot alone, for a request that allows it, is a speculative round and may return several
-tokens (`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed), and
-so does every prefill chunk (`feed_chunk` runs the head over a text chunk's rows).
+With MTP weights a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step that feeds one
+slot alone, for a request that allows it, is a speculative round and may return several tokens
+(`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed), and so does
+every prefill chunk (`feed_chunk` runs the head over a text chunk's rows). On a single card `step` runs
+the round; over several cards the head is on the last card, every card of the backend holds its share of
+the verifies (`StageVerifier`: `verify_part`, `commit_verify`), and engine.cuda.pipeline_speculation runs
+the round across them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS, SlotBatch, upload_slot_
 from engine.cuda.slot_sampling import SlotSampling
 from engine.cuda.sparse_prefill import SparsePrefill
 from engine.cuda.speculative import CudaSpeculator
+from engine.cuda.stage_verify import StageVerifier
 from engine.cuda.step_gaps import StepGaps
 from engine.cuda.token_masks import NO_MASK
 from engine.cuda.weights import ModelWeights, MtpWeights
@@ -94,9 +98,10 @@ class SlotDecoder:
 
     def __init__(self, card: CudaCard, cfg: ModelConfig, weights: ModelWeights, context: int, slots: int, chunk: int,
                  kv: KVFormat = F16_FORMAT, mtp: MtpWeights | None = None, draft_tokens: int = 1,
-                 sparse: SparseProfile | None = None):
-        """`mtp`: the MTP head's weights on this card (which must run the whole model) to speculate with,
-        drafting `draft_tokens` per verify (greedy and sampled requests: engine.cuda.speculative).
+                 sparse: SparseProfile | None = None, verifies: bool = False):
+        """`mtp`: the MTP head's weights on this card (which must hold the LM head) to speculate with, drafting
+        `draft_tokens` per verify (greedy and sampled requests: engine.cuda.speculative). `verifies`: this card
+        of a speculating backend has no head but runs its layers' share of the verifies.
         `sparse`: a calibrated profile for long prefill chunks of this card's attention layers
         (engine.cuda.sparse_prefill); None keeps every chunk dense."""
         if not 1 <= slots <= MAX_SLOTS:
@@ -135,8 +140,10 @@ class SlotDecoder:
         self._queued: tuple[list[int], set[int]] = ([], set())  # the last queued step's slots, and those with logprobs
         self.gaps = StepGaps(card)
         self._warm_up()
-        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, draft_tokens)
-                           if mtp is not None else None)
+        self.verifier = (StageVerifier(self.fwd, self.seqs, draft_tokens)
+                         if mtp is not None or verifies else None)
+        self.speculator = (CudaSpeculator(self.fwd, self.seqs, self.samplers, mtp, self.verifier)
+                           if mtp is not None and self.verifier is not None else None)
 
     @property
     def speculation_stats(self) -> SpeculationStats | None:
@@ -265,16 +272,20 @@ class SlotDecoder:
         """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
         a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
         head); on a speculating card a slot fed alone may take a speculative round instead (never a masked one)."""
-        slot = self._lone_slot(feeds, masks)
-        if slot is not None:
+        slot = self.lone_slot(feeds, masks)
+        if slot is not None and self.fwd.embeds:  # the whole model on this card: the round is this card's alone
             pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, feeds[slot]))
             if pick is not None:
                 return {slot: pick}
         return self.step_part(feeds, hidden, masks)
 
-    def _lone_slot(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None) -> int | None:
-        """The slot a step may turn into a speculative round: one fed alone, unmasked, on a speculating card."""
-        return next(iter(feeds)) if self.speculator and len(feeds) == 1 and not masks else None
+    def lone_slot(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None) -> int | None:
+        """The slot a step may turn into a speculative round: one fed alone, unmasked, on a speculating card
+        (one whose slot asked for speculation: `CudaSpeculator.speculating`)."""
+        if not self.speculator or len(feeds) != 1 or masks:
+            return None
+        slot = next(iter(feeds))
+        return slot if self.speculator.speculating(slot) else None
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None,
                   masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick] | np.ndarray:
@@ -291,6 +302,20 @@ class SlotDecoder:
         self.card.stream.synchronize()
         return out
 
+    def verify_part(self, slot: int, tokens: Sequence[int], hidden: np.ndarray | None) -> np.ndarray:
+        """This card's layers of a speculative verify of `tokens` for `slot` (a card without the LM head of a
+        speculating backend; `StageVerifier.verify_part`): its hidden rows, in host memory, for the next card."""
+        return self._verifier().verify_part(slot, tokens, hidden, self.hidden_out)
+
+    def commit_verify(self, slot: int, accepted: int) -> None:
+        """The slot keeps its state after the verify's first `accepted` + 1 tokens (`StageVerifier.commit`)."""
+        self._verifier().commit(slot, accepted)
+
+    def _verifier(self) -> StageVerifier:
+        if self.verifier is None:
+            raise RigllmError("this card takes no part in speculative verifies")
+        return self.verifier
+
     def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
         """Queue a plain step over `feeds` on the card and return at once, so the host can work on the previous
         step's text meanwhile (issue 28 item 4); `collect` returns its picks. Until then the host may queue
@@ -300,8 +325,7 @@ class SlotDecoder:
         without the LM head."""
         if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):
             return False
-        slot = self._lone_slot(feeds, masks)
-        if slot is not None and self.speculator.speculating(slot):
+        if self.lone_slot(feeds, masks) is not None:
             return False
         self._queue_picks(self._queue_step(feeds, None, masks), feeds)
         return True

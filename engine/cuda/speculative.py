@@ -20,7 +20,11 @@ Acceptance, on the card either way (only token ids cross PCIe):
   under the request's whole filter chain (penalties, top-k, top-p, min-p).
 Greedy requests with penalties decode plainly: the GPU sampler turns them into an arg-max of the penalised
 scores, a point mass the rule's kernels do not take.
-Each round (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
+On a single card each round (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
+Over several cards (engine.cuda.pipeline_speculation) the speculator sits on the last card, which has the
+LM head: `draft` runs the head and returns the K drafts, every card runs its layers of the verify
+(engine.cuda.stage_verify), and `decide` finishes it and applies the rule; the accepted count goes back
+to the other cards, whose rings roll their own layers back.
 
 Only a step that feeds one slot alone speculates; a plain step (several slots batched, or a request that
 does not speculate) keeps every in-step head fed: its normed rows become owed rows, and a head owing
@@ -30,17 +34,19 @@ speculation until it is reset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from engine.cuda.driver import DeviceBuffer
 from engine.cuda.forward import ForwardPass
-from engine.cuda.gdn import GdnRing, alloc_gdn_ring
+from engine.cuda.gdn import GdnRing
+from engine.cuda.graph_runs import GraphRuns
 from engine.cuda.mtp import OWED_ROWS, MtpCache, MtpHead
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.speculative_sampling import GpuSpeculativeRule
+from engine.cuda.stage_verify import StageVerifier
 from engine.cuda.weights import MtpWeights
 from engine.generation.slots import SlotRequest
 from engine.generation.speculative import DRAFT_TOKENS, SpeculationStats
@@ -60,23 +66,22 @@ def greedy_accept(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:
 
 
 class CudaSpeculator:
-    """The MTP head, its per-slot state and the verify rounds for the slots of one `SlotDecoder`."""
+    """The MTP head, its per-slot state and the verify rounds for the slots of one `SlotDecoder` (on the card
+    with the LM head); `verifier` is that card's share of the verifies (its rings and rollback)."""
 
     def __init__(self, fwd: ForwardPass, seqs: Sequence[DeviceSequence], samplers: Sequence[GpuSampler],
-                 weights: MtpWeights, draft_tokens: int = 1):
+                 weights: MtpWeights, verifier: StageVerifier):
+        draft_tokens = verifier.k
         if draft_tokens not in DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be one of {DRAFT_TOKENS}, got {draft_tokens}")
         if not samplers:
             raise ValueError("speculation needs the card with the LM head and the samplers")
         self.fwd, self.card, self.seqs, self.samplers, self.k = fwd, fwd.card, seqs, samplers, draft_tokens
+        self.verifier = verifier
         cfg = fwd.cfg
         self.head = MtpHead(fwd, weights, draft_tokens)
         self.caches = [MtpCache(self.card, cfg.d_model, cfg.n_head_kv, cfg.head_dim, weights.index, seq.capacity,
                                 fwd.kv, draft_tokens, f"slot{s}.mtp") for s, seq in enumerate(seqs)]
-        self.rings: list[dict[int, GdnRing]] = [
-            {i: alloc_gdn_ring(self.card, state, draft_tokens, f"slot{s}.ring{i}") for i, state in seq.gdn.items()}
-            for s, seq in enumerate(seqs)
-        ]
         self.picks = self.card.alloc(4 * (2 * draft_tokens + 1), "mtp.picks")  # drafts d_1..d_K, then targets t_0..t_K
         self.rule = GpuSpeculativeRule(self.card, cfg.vocab_size, samplers[0].parts, draft_tokens)
         self._host_picks = self.card.pinned(2 * draft_tokens + 1, np.int32)
@@ -87,8 +92,13 @@ class CudaSpeculator:
         self._host_owed = self.card.pinned((len(seqs), 2 + OWED_ROWS + 1), np.int32)
         self.stats = SpeculationStats()
         self._requests: dict[int, bool] = {}  # slot → greedy (the arg-max rounds) or sampled (the card's rule)
-        self._graphs: dict[tuple[object, ...], object] = {}
-        self._seen: set[tuple[object, ...]] = set()
+        self._drafted: tuple[int, int] | None = None  # (slot, owed rows) of a pipeline round between draft and decide
+        self.graphs = GraphRuns(self.card, "mtp")
+
+    @property
+    def rings(self) -> list[dict[int, GdnRing]]:
+        """Each slot's GDN rings on this card (the verifier's)."""
+        return self.verifier.rings
 
     # ---- slot life ------------------------------------------------------------------------------
     def reset(self, slot: int) -> None:
@@ -165,28 +175,70 @@ class CudaSpeculator:
             c.owed_rows += 1
 
     # ---- a round --------------------------------------------------------------------------------
+    def _owed_rows(self, slot: int) -> int | None:
+        """The head rows a round for this slot would run now; None when it does not speculate now (not asked,
+        behind, nothing owed, or no room for the verify rows or the head's)."""
+        c, seq = self.caches[slot], self.seqs[slot]
+        if slot not in self._requests or not c.in_step or not c.owed_rows:
+            return None
+        if seq.next_position + self.k + 1 > seq.capacity or not c.room(c.owed_rows):
+            return None
+        return c.owed_rows
+
     def round(self, slot: int, token: int) -> list[int] | None:
         """Feed `token` and return the tokens it yields (accepted drafts + one), all but the last consumed by the
-        slot's trunk; None when this slot does not speculate now (the caller takes a plain step)."""
-        greedy, c, seq = self._requests.get(slot), self.caches[slot], self.seqs[slot]
-        width = self.k + 1
-        if greedy is None or not c.in_step or not c.owed_rows:
+        slot's trunk; None when this slot does not speculate now (the caller takes a plain step). The whole
+        model is on this card: the round is one graph."""
+        r = self._owed_rows(slot)
+        if r is None:
             return None
-        if seq.next_position + width > seq.capacity or not c.room(c.owed_rows):
-            return None
-        r = c.owed_rows
+        greedy = self._requests[slot]
         self._upload_round(slot, r, token)
+        self.graphs.run(("round", greedy, slot, r), lambda: self._round_work(slot, r, greedy))
+        return self._finish(slot, r, greedy)
+
+    def draft(self, slot: int, token: int) -> list[int] | None:
+        """A round over several cards, part 1 (this card has the LM head, not the whole trunk): the head drafts
+        the K tokens after `token`, returned (-1 for a draft the request's filters left no token for); None when
+        the slot does not speculate now. The cards then verify [token, drafts] and `decide` ends the round."""
+        r = self._owed_rows(slot)
+        if r is None:
+            return None
+        greedy = self._requests[slot]
+        self._upload_round(slot, r, token)
+        self.graphs.run(("draft", greedy, slot, r), lambda: self._draft_work(slot, r, greedy))
+        drafts = self.picks.view(0, 4 * self.k) if greedy else self.rule.drafts
+        drafts.download_async(self._host_picks[: self.k])
+        self.card.stream.synchronize()
+        self._drafted = (slot, r)
+        return [int(d) for d in self._host_picks[: self.k]]
+
+    def decide(self, hidden: np.ndarray) -> list[int]:
+        """A round over several cards, part 2: the drafted slot's verify through this card's layers from the
+        previous card's `hidden` rows, the targets and the acceptance rule; the emitted tokens (accepted drafts
+        + one). This card's state is committed; the other cards commit the accepted count (len - 1)."""
+        if self._drafted is None:
+            raise RuntimeError("decide follows a draft")
+        (slot, r), self._drafted = self._drafted, None
+        greedy = self._requests[slot]
+        self.fwd.h.view(0, hidden.nbytes).upload_async(hidden)
+        self.graphs.run(("decide", greedy, slot), lambda: self._decide_work(slot, greedy))
+        return self._finish(slot, r, greedy)
+
+    def _finish(self, slot: int, r: int, greedy: bool) -> list[int]:
+        """Read the round's outcome (waits for it), commit this card's state and count it."""
         if greedy:
-            self._run(("greedy", slot, r), lambda: self._greedy_work(slot, r))
             self.picks.download_async(self._host_picks)
             self.card.stream.synchronize()
             drafts = [int(t) for t in self._host_picks[: self.k]]
             emitted = greedy_accept(drafts, self._host_picks[self.k :])
         else:
-            self._run(("sampled", slot, r), lambda: self._sampled_work(slot, r))
             drafts, emitted = self.rule.read()
         accepted = len(emitted) - 1
-        self._commit(slot, r, accepted, drafts)
+        self.verifier.commit(slot, accepted)
+        c = self.caches[slot]
+        c.position += r
+        c.owed_rows, c.owed_tokens = accepted + 1, drafts[:accepted]
         self.stats.add(self.k, accepted, len(emitted))
         return emitted
 
@@ -204,61 +256,38 @@ class CudaSpeculator:
         self.head.ids.view(0, 4 * r).upload_async(ids[:r])
         self.fwd.ids.view(0, 4).upload_async(ids[r:])
 
-    def _commit(self, slot: int, r: int, accepted: int, drafts: list[int]) -> None:
-        """Keep the trunk's state after x_n, d_1..d_accepted; the head keeps its r true rows and is owed the
-        verify's rows 0..accepted (already in its `owed` buffer)."""
-        seq, c = self.seqs[slot], self.caches[slot]
-        if accepted < self.k:  # two copies per GDN layer: one graph launch instead of dozens of Python calls
-            self._run(("commit", slot, accepted), lambda: self._restore_states(slot, accepted))
-        seq.next_position += accepted + 1
-        c.position += r
-        c.owed_rows, c.owed_tokens = accepted + 1, drafts[:accepted]
-
-    def _restore_states(self, slot: int, row: int) -> None:
-        """Every GDN layer of the slot back to its state after verify row `row`."""
-        seq = self.seqs[slot]
-        for i, ring in self.rings[slot].items():
-            ring.commit(seq.gdn[i], row)
-
     def _pick(self, i: int) -> DeviceBuffer:
         return self.picks.view(4 * i, 4)
 
-    def _greedy_work(self, slot: int, r: int) -> None:
-        """The device work of a greedy round (captured as one graph): drafts, verify, arg-maxes into `picks`."""
-        c, head, sampler, k = self.caches[slot], self.head, self.samplers[slot], self.k
-        head.forward(r, c.rows(0), c.owed, head.ids, 0)
-        sampler.argmax(head.logits_row(0), token=self._pick(0))
-        for i in range(1, k):
-            head.forward(1, c.rows(i), head.out, self._pick(i - 1), i)
-            sampler.argmax(head.logits_row(i), token=self._pick(i))
-        self.fwd.ids.view(4, 4 * k).copy_from(self.picks.view(0, 4 * k))
-        self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed)
-        for t in range(k + 1):
-            sampler.argmax(self.fwd.logits_row(t), token=self._pick(k + t))
+    def _round_work(self, slot: int, r: int, greedy: bool) -> None:
+        """The device work of a round on the card with the whole model (captured as one graph): the drafts, fed
+        to the verify on the card, the verify, the targets and the rule."""
+        self._draft_work(slot, r, greedy)
+        # a failed sampled draft (-1) embeds as NaN past its row: no accepted token reads it
+        self.fwd.ids.view(4, 4 * self.k).copy_from(self.picks.view(0, 4 * self.k) if greedy else self.rule.drafts)
+        self._decide_work(slot, greedy)
 
-    def _sampled_work(self, slot: int, r: int) -> None:
-        """The device work of a sampled round (captured as one graph): drafts drawn from the head's rows, the
-        verify, the rule (emitted tokens and their count in `rule.out`)."""
+    def _draft_work(self, slot: int, r: int, greedy: bool) -> None:
+        """The head's call over the r owed rows and its chained calls: greedy drafts are arg-maxes into `picks`,
+        sampled ones are drawn from the head's rows by the rule (into `rule.drafts`)."""
         c, head, sampler, k, rule = self.caches[slot], self.head, self.samplers[slot], self.k, self.rule
-        drafts = [head.logits_row(i) for i in range(k)]
         head.forward(r, c.rows(0), c.owed, head.ids, 0)
-        rule.draft(sampler, 0, drafts[0])
-        for i in range(1, k):
-            head.forward(1, c.rows(i), head.out, rule.draft_id(i - 1), i)
-            rule.draft(sampler, i, drafts[i])
-        self.fwd.ids.view(4, 4 * k).copy_from(rule.drafts)  # a failed draft (-1) embeds as NaN past its row
-        self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed)
-        rule.decide(sampler, drafts, [self.fwd.logits_row(t) for t in range(k + 1)])
+        for i in range(k):
+            if i:
+                head.forward(1, c.rows(i), head.out, self._pick(i - 1) if greedy else rule.draft_id(i - 1), i)
+            if greedy:
+                sampler.argmax(head.logits_row(i), token=self._pick(i))
+            else:
+                rule.draft(sampler, i, head.logits_row(i))
 
-    def _run(self, key: tuple[object, ...], work: Callable[[], None]) -> None:
-        """Run `work` eagerly the first time (that loads its kernels), capture it the second, replay it after."""
-        graph = self._graphs.get(key)
-        if graph is None:
-            if key not in self._seen:
-                self._seen.add(key)
-                work()
-                return
-            with self.card.capture(f"mtp {key}") as graph:
-                work()
-            self._graphs[key] = graph
-        self.card.replay(graph)  # type: ignore[arg-type]
+    def _decide_work(self, slot: int, greedy: bool) -> None:
+        """The verify through this card's layers (the head is owed its rows) and the targets: arg-maxes into
+        `picks` after the drafts, or the rule over the head's rows and the verify's."""
+        c, sampler, k = self.caches[slot], self.samplers[slot], self.k
+        self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed)
+        targets = [self.fwd.logits_row(t) for t in range(k + 1)]
+        if greedy:
+            for t, row in enumerate(targets):
+                sampler.argmax(row, token=self._pick(k + t))
+        else:
+            self.rule.decide(sampler, [self.head.logits_row(i) for i in range(k)], targets)

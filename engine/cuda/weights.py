@@ -13,6 +13,7 @@ attn_v beside Q4_K q and k) becomes a `MixedWeight` of same-kind runs (`engine.c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,7 +67,8 @@ class LayerWeights:
 @dataclass(frozen=True)
 class MtpWeights:
     """MTP block `index` (spec §6.10): its input projection and norms, and its decoder block (an attention
-    layer with its FFN); the embedding and the LM head are the trunk's."""
+    layer with its FFN); the embedding and the LM head are the trunk's. The head runs on the card with the
+    LM head, so over several cards that card holds its own copy of the token embedding (`embedding`)."""
 
     index: int  # block index in the file: n_layers + k
     eh_proj: Weight  # [D] x [2D], input = [enorm(embedding) ; hnorm(hidden)]
@@ -74,6 +76,7 @@ class MtpWeights:
     hnorm: DeviceBuffer
     head_norm: DeviceBuffer  # shared_head_norm, or the trunk's output_norm when the file has none
     block: LayerWeights
+    embedding: Weight  # token_embd on the head's card: the trunk's there (one card, tied embeddings), else a copy
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ def has_mtp(mf: ModelFile, cfg: ModelConfig) -> bool:
 
 def upload_mtp_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, trunk: ModelWeights) -> MtpWeights:
     """MTP block 0 of `mf` on the card that holds the trunk's LM head (its shared head norm defaults to
-    the trunk's output norm, spec §6.10)."""
+    the trunk's output norm, spec §6.10), with the token embedding the head needs (`head_embedding`)."""
     if not has_mtp(mf, cfg) or trunk.output_norm is None:
         raise ValueError("MTP block 0 goes on the card with the LM head of a file that carries it")
     i = cfg.n_layers
@@ -185,7 +188,19 @@ def upload_mtp_weights(card: CudaCard, mf: ModelFile, cfg: ModelConfig, trunk: M
     up = _Uploader(card, mf, None)
     head_norm = up.f32(p + "shared_head_norm.weight") if p + "shared_head_norm.weight" in mf.tensors else trunk.output_norm
     return MtpWeights(i, up.matrix(p + "eh_proj.weight"), up.f32(p + "enorm.weight"), up.f32(p + "hnorm.weight"),
-                      head_norm, _layer_weights(up, cfg, i))
+                      head_norm, _layer_weights(up, cfg, i),
+                      head_embedding(cfg, trunk, lambda: up.matrix("token_embd.weight")))
+
+
+def head_embedding(cfg: ModelConfig, trunk: ModelWeights, upload: Callable[[], Weight]) -> Weight:
+    """The token embedding the MTP head reads on the card with the LM head: the trunk's own when that card
+    has it (a single card; tied embeddings, where the LM head is the embedding), else `upload()` (a copy
+    on the last of several cards, which the memory plan counts)."""
+    if trunk.token_embd is not None:
+        return trunk.token_embd
+    if cfg.tied_embeddings and trunk.lm_head is not None:
+        return trunk.lm_head
+    return upload()
 
 
 def _layer_weights(up: _Uploader, cfg: ModelConfig, i: int) -> LayerWeights:

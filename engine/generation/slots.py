@@ -20,7 +20,8 @@ Speculative decoding is another (engine.generation.speculative): a step may then
 tokens for a slot (`Pick.extra`); all but the last are already consumed by the slot's state, and the
 last is the one fed at the next step. `HostSlots` speculates over a backend's `speculative_model` (the
 reference's, when it has an MTP head; on by default, off per backend or per request with
-`SlotRequest.speculative`); the CUDA backend on one card does it natively (engine.cuda.speculative).
+`SlotRequest.speculative`); the CUDA backend does it natively, on one card or over several
+(engine.cuda.speculative, engine.cuda.pipeline_speculation).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ cut into contiguous ranges, one per card, so that the fullest card is as empty a
 a small dynamic programme over cut points, minimising the largest used/usable ratio). A layer costs
 its device weights (model_footprint), its KV at the chosen context and KV format, and its GDN state
 for `n_seqs` sequences. Card 0 also holds the token embedding (only rows are gathered, but all of
-it lives there); the last card holds the final norm and the LM head (with tied embeddings and more
-than one card, a second copy of `token_embd`), the MTP block when it is enabled, and the logits.
+it lives there); the last card holds the final norm and the LM head (with more than one card and tied embeddings or
+the MTP block, a second copy of `token_embd`), the MTP block when it is enabled, and the logits.
 Every card gets scratch for one prefill chunk of activations plus a fixed allowance for kernel
 images, graphs and per-step buffers; these are estimates until the CUDA backend reports actual
 bytes, which the app shows next to the plan. A plan that does not fit raises `RigllmError` naming the
@@ -184,7 +184,9 @@ def plan(
             weights += fp.embedding_bytes + vision_bytes[0]
             extra_scratch += vision_bytes[1]
         if k == n - 1:
-            weights += fp.head_bytes + (fp.embedding_bytes if cfg.tied_embeddings and n > 1 else 0)
+            # over several cards the last keeps its own token_embd: as the LM head (tied) or for the MTP head
+            own_embedding = n > 1 and (cfg.tied_embeddings or with_mtp)
+            weights += fp.head_bytes + (fp.embedding_bytes if own_embedding else 0)
             for block in mtp_blocks:
                 w, c, s = layer_parts(block)
                 weights, kv_bytes, state = weights + w, kv_bytes + c, state + s
@@ -223,7 +225,7 @@ def plan(
             f"scratch {format_bytes(worst.scratch_bytes)}) but has {format_bytes(worst.profile.usable_bytes)} usable: "
             f"short by {format_bytes(-worst.free_bytes)} on {n} card(s){vision}; use more cards, a shorter context or a smaller KV format"
         )
-    notes = _notes(fp, n, context, kv)
+    notes = _notes(fp, n, context, kv, with_mtp)
     if any(vision_bytes):
         notes.append(f"vision tower on {cards[0].name}: {format_bytes(vision_bytes[0])} of weights and "
                      f"{format_bytes(vision_bytes[1])} for the largest image")
@@ -266,13 +268,15 @@ def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list
     return cuts[::-1]
 
 
-def _notes(fp: Footprint, n_cards: int, context: int, kv: KVFormat) -> list[str]:
+def _notes(fp: Footprint, n_cards: int, context: int, kv: KVFormat, with_mtp: bool) -> list[str]:
     cfg = fp.config
     notes = [f"weights counted from {fp.source}"]
     if fp.requantised:
         notes.append(f"{fp.requantised} large F16/BF16/F32 weights are counted as requantised to Q8_0 at load")
     if cfg.tied_embeddings and n_cards > 1:
         notes.append("tied embeddings: the last card keeps its own copy of token_embd as the LM head")
+    elif with_mtp and n_cards > 1:
+        notes.append("MTP head: the last card keeps its own copy of token_embd for the head's input")
     if context > cfg.context_length:
         notes.append(f"context {context} is beyond the model's native {cfg.context_length} tokens")
     if kv.name not in CUDA_KERNEL_FORMATS:

@@ -10,6 +10,7 @@
 #   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbz", ".whl"] (K-quant GEMV tests, sweeps, benches)
 #   or:     bash tests/gpu/run_h200_session.sh focus tests/gpu/test_x.py ...   carry [".kbz", ".whl"]
 #   or:     bash tests/gpu/run_h200_session.sh serve     carry [".kbz", ".whl"]   (bench streams vs rigllm serve)
+#   or:     bash tests/gpu/run_h200_session.sh mtp       carry [".kbz", ".whl"]   (speculation, one card and three)
 #   llama.cpp beside rigllm on the K-quant files (issue 29), two calls: first the 9B Q8_0 bench (streams included)
 #   and llama-cpp-python's CUDA wheel from the stripped sdist (python -m engine.bench_peer.build SDIST
 #   .peer/llama-stripped.tar.gz, here), whose pieces come back in $OUT/peer; copy them to .peer/wheel, then
@@ -176,6 +177,22 @@ focus)  # after a change to a few kernels: the GPU tests named after `focus`, th
         --depths 512,4096 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
     wait
     echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A14 "^depth" "$RES/bench-9b-q8_0.log" ;;
+mtp)  # issue 28 item 6: speculation tests on one card and over three logical cards, then the 27B over 3 cards
+      # rounds against plain steps, and the 9B one-card MTP bench (the round's graph after the refactor)
+    setup
+    job gpu-mtp $(($(left) - 200)) python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 12 --timeout 200 \
+        -p no:benchmark tests/gpu/test_pipeline_speculation.py tests/gpu/test_mtp_gpu.py tests/gpu/test_pipeline.py \
+        tests/gpu/test_speculative_sampling_gpu.py tests/gpu/test_teeth_fixture.py tests/gpu/test_slots.py
+    wait
+    echo "gpu-mtp: $(cat "$RES/gpu-mtp.rc") ($SECONDS s)"; tail -4 "$RES/gpu-mtp.log"
+    job mtp-27b-3cards 150 python3 -m engine.cli bench --synthetic 27b --weights q8_0 --pipeline 3 --mtp \
+        --depths 512 --json "$RES/$DAY-h200-mtp-27b-3cards.json"
+    wait
+    echo "mtp-27b-3cards: $(cat "$RES/mtp-27b-3cards.rc") ($SECONDS s)"; tail -4 "$RES/mtp-27b-3cards.log"
+    job mtp-9b $(($(left) - 5)) python3 -m engine.cli bench --synthetic 9b --weights q8_0 --mtp --depths 512 \
+        --json "$RES/$DAY-h200-mtp-9b.json"
+    wait
+    echo "mtp-9b: $(cat "$RES/mtp-9b.rc") ($SECONDS s)"; tail -5 "$RES/mtp-9b.log" ;;
 serve)  # issue 28's serve check: the 9B Q8_0 bench (its concurrent_streams), then the same stream counts through
         # `rigllm serve` and the openai client on the synthetic 9B GGUF (engine.bench_peer.serve_streams), the ratio last
     setup

@@ -34,10 +34,10 @@ def test_the_header_chips_say_what_the_demo_model_takes(window):
 
 
 def test_chip_texts_for_a_vision_model_split_over_cards():
-    info = ModelInfo("m", "", "cuda", 4096, "k8v3", (0, 1), vision=True, mtp=False)
+    info = ModelInfo("m", "", "cuda", 4096, "k8v3", (0, 1), vision=True, mtp=True)
     texts = {name: text for name, text, _tip in chips_of(info)}
-    assert texts == {"vision": "vision", "mtp": "no MTP", "kv": "KV k8v3", "cards": "cards 0, 1", "backend": "cuda"}
-    assert "one card only" in dict((n, t) for n, _x, t in chips_of(info))["mtp"]
+    assert texts == {"vision": "vision", "mtp": "MTP", "kv": "KV k8v3", "cards": "cards 0, 1", "backend": "cuda"}
+    assert "speculative decoding" in dict((n, t) for n, _x, t in chips_of(info))["mtp"]  # split models speculate too
 
 
 def test_attaching_is_off_for_a_text_only_model_and_says_why(qtbot, window, tmp_path):

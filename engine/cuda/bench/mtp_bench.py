@@ -83,9 +83,9 @@ def _device_times(dec: SlotDecoder, depth: int) -> dict[str, Any]:
     draft_ms = time_graph_ms(card, REPS, draft)
     seq.set_step(k + 1)
     cache.set_steps(1)
-    greedy_round_ms = time_graph_ms(card, REPS, lambda _: spec._greedy_work(0, 1))
+    greedy_round_ms = time_graph_ms(card, REPS, lambda _: spec._round_work(0, 1, greedy=True))
     sampler.configure(SAMPLED)
-    sampled_round_ms = time_graph_ms(card, REPS, lambda _: spec._sampled_work(0, 1))
+    sampled_round_ms = time_graph_ms(card, REPS, lambda _: spec._round_work(0, 1, greedy=False))
     decode_ms, verify_ms = decode_parts["whole_us"] * 1e-3, verify_parts["whole_us"] * 1e-3
     return {"decode_step_ms": decode_ms, "verify_step_ms": verify_ms, "draft_ms": draft_ms,
             "verify_over_decode": verify_ms / decode_ms,

@@ -19,7 +19,7 @@ from engine.cuda.kq_layout import device_bytes
 from engine.cuda.kq_weight import KQWeight
 from engine.cuda.matmul import SingleWeight, Weight, same_kind_runs, stack
 from engine.cuda.q8_layout import QK
-from engine.cuda.weights import AttentionWeights, FfnWeights, GdnWeights, LayerWeights, ModelWeights, MtpWeights
+from engine.cuda.weights import AttentionWeights, FfnWeights, GdnWeights, LayerWeights, ModelWeights, MtpWeights, head_embedding
 from engine.gguf.config import ModelConfig
 from engine.gguf.kquant_blocks import BLOCK_BYTES, KQUANT_TYPES, QK_K
 from engine.gguf.tensor_plan import planned_types
@@ -79,13 +79,15 @@ def random_model_weights(card: CudaCard, cfg: ModelConfig, seed: int = 0, span: 
 
 def random_mtp_weights(card: CudaCard, cfg: ModelConfig, trunk: ModelWeights, seed: int = 1,
                        weight_type: str = "q8_0") -> MtpWeights:
-    """MTP block 0 with random weights, laid out as `upload_mtp_weights` does (the head norm is the trunk's)."""
+    """MTP block 0 with random weights, laid out as `upload_mtp_weights` does (the head norm is the trunk's;
+    on the last of several cards the head's copy of the embedding is random too, not the first card's)."""
     if trunk.output_norm is None:
         raise ValueError("the MTP head goes on the card with the LM head")
     make = _RandomWeights(card, cfg, seed, weight_type)
     i, d = cfg.n_layers, cfg.d_model
     return MtpWeights(i, make.single(f"blk.{i}.nextn.eh_proj.weight", d, 2 * d), make.ones(d, "nextn.enorm"),
-                      make.ones(d, "nextn.hnorm"), trunk.output_norm, make.layer(i))
+                      make.ones(d, "nextn.hnorm"), trunk.output_norm, make.layer(i),
+                      head_embedding(cfg, trunk, lambda: make.single("token_embd.weight", cfg.vocab_size, d)))
 
 
 class _RandomWeights:

@@ -1,0 +1,131 @@
+"""MTP speculation over several cards, host side (no GPU; issue 28 item 6): the head and its embedding copy on
+the last card, every card's share of the verify (the tokens on the first, the hidden rows handed on), the
+accepted count committed on every card (positions, ring rollback), and the memory plan's embedding copy.
+
+The stand-in card runs no kernel and leaves device buffers as the host wrote them, so a test sets the picks
+a round "computed" on the last card and checks what each card does with them; tests/gpu/test_pipeline_
+speculation.py checks on the H200 that the cards compute exactly what one card computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.cuda.backend import CudaBackend
+from engine.generation.backend import CardSpec
+from engine.generation.sampler import SamplingParams
+from engine.generation.slots import SlotRequest
+from engine.gguf.loader import load_model
+from fake_card import FakeCard
+
+GREEDY = SamplingParams(temperature=0.0)
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return load_model(FIXTURE)
+
+
+def three_cards(fixture, k: int, **kw) -> CudaBackend:
+    return CudaBackend(fixture, [CardSpec(0)] * 3, context=96, slots=2, chunk=16, split=[2, 1, 1], draft_tokens=k,
+                       card_factory=FakeCard, **kw)
+
+
+def test_the_head_goes_on_the_last_card_with_its_own_embedding(fixture):
+    gpu = three_cards(fixture, 1)
+    try:
+        decoders = [st.decoder for st in gpu.stages]
+        assert [d.speculator is not None for d in decoders] == [False, False, True]
+        assert all(d.verifier is not None for d in decoders)  # every card rolls its own GDN layers back
+        head = decoders[-1].speculator.head
+        assert decoders[-1].fwd.w.token_embd is None and head.w.embedding is not None
+        assert gpu.plan.with_mtp and gpu.rounds is not None
+        assert any("own copy of token_embd" in note for note in gpu.plan.notes)
+    finally:
+        gpu.close()
+    plain = three_cards(fixture, 1, speculative=False)
+    try:
+        assert all(st.decoder.verifier is None for st in plain.stages) and plain.rounds is None
+        extra = gpu.plan.cards[-1].weight_bytes - plain.plan.cards[-1].weight_bytes
+        block = fixture.file.tensors["token_embd.weight"].n_bytes
+        assert extra > block  # the head's block and the embedding copy
+    finally:
+        plain.close()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_round_verifies_on_every_card_and_commits_the_accepted_count_everywhere(fixture, k):
+    gpu = three_cards(fixture, k)
+    try:
+        decoders = [st.decoder for st in gpu.stages]
+        spec = decoders[-1].speculator
+        gpu.prefill_slot(0, list(range(20)))
+        gpu.begin(0, SlotRequest(GREEDY, list(range(20))))
+        accept_all = list(range(30, 30 + k)) + list(range(30, 31 + k))
+        spec.picks.upload(np.asarray(accept_all, np.int32))
+        pick = gpu.step({0: 4})[0]
+        assert pick.tokens == tuple(range(30, 31 + k)) and pick.drafted == k
+        first_ids = decoders[0].fwd.ids.download(np.int32, k + 1)
+        assert first_ids.tolist() == [4, *range(30, 30 + k)]  # the first card embeds x_n and the drafts
+        assert [d.seqs[0].next_position for d in decoders] == [20 + k + 1] * 3
+
+        rolled = []
+        for d in decoders:  # ring slot 0 marked on every card with GDN layers: a rejection restores it
+            for layer, ring in d.verifier.rings[0].items():
+                ring.recurrent.upload(np.full(ring.recurrent.nbytes // 4, 7, np.float32))
+                rolled.append(d.seqs[0].gdn[layer])
+        assert rolled
+        spec.picks.upload(np.asarray([50 + i for i in range(k)] + [60 + i for i in range(k + 1)], np.int32))
+        pick = gpu.step({0: pick.tokens[-1]})[0]
+        assert pick.tokens == (60,)
+        assert [d.seqs[0].next_position for d in decoders] == [20 + k + 2] * 3
+        assert all((state.recurrent.download(np.float32, 8) == 7).all() for state in rolled)
+        assert spec.stats.rounds == 2 and spec.stats.accepted == k
+    finally:
+        gpu.close()
+
+
+def test_several_slots_step_plainly_through_the_cards_and_keep_their_heads_fed(fixture):
+    gpu = three_cards(fixture, 1)
+    try:
+        spec = gpu.stages[-1].decoder.speculator
+        for slot in (0, 1):
+            gpu.prefill_slot(slot, list(range(10)))
+            gpu.begin(slot, SlotRequest(GREEDY, list(range(10))))
+        gpu.step({0: 3, 1: 4})
+        assert spec.stats.rounds == 0 and [c.owed_rows for c in spec.caches] == [2, 2]
+        assert [gpu.position(s) for s in (0, 1)] == [11, 11]
+    finally:
+        gpu.close()
+
+
+def test_decoding_over_cards_speculates(fixture):
+    gpu = three_cards(fixture, 2)
+    try:
+        seq = gpu.new_sequence()
+        gpu.forward_last([1, 2, 3], seq)
+        tokens = list(gpu.decode_on_device(seq, GREEDY, [1, 2, 3], 7))
+        assert len(tokens) == 7 and gpu.speculation_stats.rounds == 2  # the first pick, then two rounds of 3
+    finally:
+        gpu.close()
+
+
+def test_the_bench_driver_runs_and_projects(monkeypatch):
+    import dataclasses
+    import functools
+
+    from engine.cuda.bench import pipeline_mtp
+    from engine.fixtures.demo_model import DEMO_CONFIG
+
+    monkeypatch.setattr(pipeline_mtp, "CudaBackend", functools.partial(CudaBackend, card_factory=FakeCard))
+    monkeypatch.setattr(CudaBackend, "hop_seconds", lambda self, rows, repeats=50: 1e-4)
+    cfg = dataclasses.replace(DEMO_CONFIG, n_mtp=1, tied_embeddings=False, is_recurrent=())
+    r = pipeline_mtp.run_pipeline_mtp_bench(cfg, "demo", 3, (0,), 32, 0.9, tokens=8)
+    assert set(r["draft_tokens"]) == {1, 2}
+    for k, d in r["draft_tokens"].items():
+        assert d["rounds"] > 0 and d["identical_to_plain"]  # the stand-in card's picks never change
+        assert d["projection"]["tokens_per_round"] == pytest.approx(1 + sum(0.9**i for i in range(1, k + 1)))
+    assert "PROJECTED" in pipeline_mtp.render_pipeline_mtp(r)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from engine.errors import RigllmError
 from engine.model.kv_formats import CODECS_BY_BITS, CUDA_KERNEL_FORMATS, kv_format, kv_format_for_bits
-from engine.model.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, plan
+from engine.model.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, plan, plan_speculating
 from engine.model.model_footprint import Footprint
 from engine.telemetry import CardSample
 
@@ -141,10 +141,20 @@ def profile_of(card: CardSample) -> CardProfile:
     return CardProfile(f"card {card.index}", card.memory_total, other_used_bytes=card.memory_used)
 
 
+def _card_plan(fp: Footprint, profiles: list[CardProfile], context: int, kv: str,
+               split: tuple[int, ...] | None) -> MemoryPlan:
+    """The plan the CUDA backend makes when it loads: a model with an MTP head speculates by default (one draft
+    token, on one card or several) when the head fits, and loads without it when only the head does not (a
+    file that declares a head but omits it is counted with one, the safe side)."""
+    if fp.config.n_mtp:
+        return plan_speculating(fp, profiles, context, kv_format(kv), split=split)
+    return plan(fp, profiles, context, kv_format(kv), split=split)
+
+
 def _try_plan(fp: Footprint, profiles: list[CardProfile], context: int, kv: str,
               split: tuple[int, ...] | None = None) -> MemoryPlan | None:
     try:
-        return plan(fp, profiles, context, kv_format(kv), split=split)
+        return _card_plan(fp, profiles, context, kv, split)
     except RigllmError:
         return None
 
@@ -204,7 +214,7 @@ def budget(fp: Footprint, all_cards: list[CardSample], chosen: list[int], contex
         if len(cuts) - 1 != len(profiles):
             return Budget((), False, f"the split names {len(cuts) - 1} cards and {len(profiles)} are chosen", (), None)
     try:
-        made = plan(fp, profiles, context, kv_format(kv), split=split)
+        made = _card_plan(fp, profiles, context, kv, split)
     except RigllmError as err:
         if "cannot split" in str(err):
             return Budget((), False, str(err), (), None)

@@ -117,7 +117,7 @@ class ModelLoader(QObject):
         on_cards = (tuple(request.cards) or (0,)) if worker.backend_name == "cuda" else ()
         info = ModelInfo(loaded.path.stem, label, worker.backend_name, context, request.kv_format, on_cards,
                          vision=service.vision.encoder is not None and worker.supports_images,
-                         mtp=loaded.config.n_mtp > 0,  # the CUDA backend drafts on one card or over several
+                         mtp=worker.speculates,
                          chat_template=service.template.origin == "model's",
                          path="" if request.path is None else str(request.path), split=request.split)
         return ChatEngine(loaded, service, worker, info)

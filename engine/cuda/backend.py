@@ -57,7 +57,7 @@ from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 from engine.model.kv_formats import kv_format
 from engine.model.load_progress import ProgressCallback, ProgressCounter
-from engine.model.memory_plan import MemoryPlan, plan
+from engine.model.memory_plan import MemoryPlan, plan, plan_speculating
 from engine.model.model_footprint import footprint_of
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
@@ -141,14 +141,18 @@ class CudaBackend:
     def _plan(self, loaded: LoadedModel | None, mmproj: LoadedMmproj | None,
               split: Sequence[int] | None) -> MemoryPlan | None:
         """The memory plan over the cards, made before any allocation; refuses what will not fit. None for
-        synthetic weights (no file to plan)."""
+        synthetic weights (no file to plan). The MTP head is left off (and noted) when only it does not fit."""
         if loaded is None:
             return None
         profiles = [ex.call(st.profile) for ex, st in zip(self.executors, self.stages)]
         fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
-        return plan(fp, profiles, self.context * self.slot_count, self.kv, n_seqs=self.slot_count,
-                    prefill_chunk=self.prefill_chunk, with_mtp=self.with_mtp,
-                    verify_states=self.draft_tokens if self.with_mtp else 0, split=split)
+        settings = dict(n_seqs=self.slot_count, prefill_chunk=self.prefill_chunk, split=split)
+        if not self.with_mtp:
+            return plan(fp, profiles, self.context * self.slot_count, self.kv, **settings)
+        made = plan_speculating(fp, profiles, self.context * self.slot_count, self.kv, draft_tokens=self.draft_tokens,
+                                **settings)
+        self.with_mtp = made.with_mtp
+        return made
 
     def _load_stage(self, st: Stage, span: range, loaded: LoadedModel | None, weights_for: WeightsFor | None,
                     progress: ProgressCallback | None, mmproj: LoadedMmproj | None) -> None:

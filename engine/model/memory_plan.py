@@ -17,7 +17,8 @@ card and the shortfall.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from engine.errors import RigllmError
 from engine.gguf.config import ModelConfig
@@ -266,6 +267,21 @@ def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list
         cuts.append(arg[k][cuts[-1]])
     cuts.append(0)
     return cuts[::-1]
+
+
+MTP_LEFT_OFF = "the MTP head is left off: with it the model does not fit on these cards at this context"
+
+
+def plan_speculating(fp: Footprint, cards: list[CardProfile], context: int, kv: KVFormat | str | None = None, *,
+                     draft_tokens: int = 1, **kwargs: Any) -> MemoryPlan:
+    """The plan with the MTP block and the verify's GDN rings (`draft_tokens` states per layer) when they fit,
+    else `plan` without them, noted (its refusal when neither fits): speculation is worth having, never worth
+    refusing a model that fits without it. The CUDA backend and the app's load sheet both plan this way."""
+    try:
+        return plan(fp, cards, context, kv, with_mtp=True, verify_states=draft_tokens, **kwargs)
+    except RigllmError:
+        made = plan(fp, cards, context, kv, **kwargs)
+        return replace(made, notes=made.notes + (MTP_LEFT_OFF,))
 
 
 def _notes(fp: Footprint, n_cards: int, context: int, kv: KVFormat, with_mtp: bool) -> list[str]:

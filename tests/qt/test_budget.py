@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model.memory_plan import CardProfile, plan
+from engine.errors import RigllmError
+from engine.model.memory_plan import MTP_LEFT_OFF, CardProfile, plan
 from engine.model.kv_formats import kv_format
 from engine.model.model_footprint import footprint_for
 from engine.gguf.shapes import shape_config
@@ -19,7 +20,9 @@ CARDS = [cmp_100_210(i) for i in range(4)]
 def test_a_plan_that_fits_uses_the_engine_planner_numbers():
     result = budget(FP_27B, CARDS, [0, 1, 2], 32768, "k8v8")
     assert result.fits and result.plan is not None
-    made = plan(FP_27B, [profile_of(c) for c in CARDS[:3]], 32768, kv_format("k8v8"))
+    # the backend's plan: the 27B's MTP head, its verify rings and (over several cards) its embedding copy
+    made = plan(FP_27B, [profile_of(c) for c in CARDS[:3]], 32768, kv_format("k8v8"), with_mtp=True, verify_states=1)
+    assert result.plan.with_mtp
     assert [(b.weights, b.kv, b.layers) for b in result.cards] == [(p.weight_bytes, p.kv_bytes, p.layers)
                                                                    for p in made.cards]
     for bar, card in zip(result.cards, made.cards):
@@ -89,3 +92,13 @@ def test_smaller_kv_formats_are_strictly_smaller_most_precise_first():
     sizes = [kv_format(n).bytes_per_token(cfg) for n in names]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] < kv_format("k8v8").bytes_per_token(cfg)
     assert "k3v3" in names and "f16" not in names
+
+
+def test_the_mtp_head_is_left_off_when_only_it_does_not_fit():
+    """Two CMP cards hold the 27B at 4K context without the head but not with it: the sheet calls it a fit
+    without the head (as the backend then loads it), and says so."""
+    profiles = [profile_of(c) for c in CARDS[:2]]
+    with pytest.raises(RigllmError):
+        plan(FP_27B, profiles, 4096, kv_format("k8v8"), with_mtp=True, verify_states=1)
+    result = budget(FP_27B, CARDS, [0, 1], 4096, "k8v8")
+    assert result.fits and not result.plan.with_mtp and MTP_LEFT_OFF in result.plan.notes

@@ -66,7 +66,7 @@ def test_a_9b_defaults_to_one_card_of_three_with_the_reason(qtbot, rig, loader):
     sheet = open_sheet(qtbot, list(rig.read().cards), loader)
     shape(sheet, "9b")
     assert sheet.chosen_cards() == [0] and sheet.current.fits
-    assert "1 card" in sheet.card_reason.text() and "MTP" in sheet.card_reason.text()
+    assert "1 card" in sheet.card_reason.text() and "no PCIe hops" in sheet.card_reason.text()
     assert sheet.request().cards == (0,)
     shape(sheet, "27b")  # a model that needs two cards at 32K gets two, the least loaded ones
     assert sheet.chosen_cards() == [0, 2] and "2 cards" in sheet.card_reason.text()

@@ -129,3 +129,23 @@ def test_the_bench_driver_runs_and_projects(monkeypatch):
         assert d["rounds"] > 0 and d["identical_to_plain"]  # the stand-in card's picks never change
         assert d["projection"]["tokens_per_round"] == pytest.approx(1 + sum(0.9**i for i in range(1, k + 1)))
     assert "PROJECTED" in pipeline_mtp.render_pipeline_mtp(r)
+
+
+def test_the_backend_leaves_the_head_off_when_only_it_does_not_fit(fixture):
+    """A card that holds the model but not the model and its head loads the model without the head (noted),
+    where it used to refuse the load: speculation is worth having, never worth refusing a model for."""
+    from engine.model.memory_plan import MTP_LEFT_OFF, CardProfile, plan
+    from engine.model.model_footprint import footprint_of
+
+    fp, big = footprint_of(fixture), CardProfile("card", 1 << 40)
+    with_head, without = (plan(fp, [big], 96, "f16", n_seqs=2, prefill_chunk=16, with_mtp=on,
+                               verify_states=1 if on else 0).cards[0].total_bytes for on in (True, False))
+    assert with_head > without
+    usable = (with_head + without) // 2  # a card with this much usable memory holds only the model
+    capacity = int((usable + big.reserve_bytes) / (1 - big.margin)) + 1
+    gpu = CudaBackend(fixture, [CardSpec(0, capacity)], context=96, slots=2, chunk=16, card_factory=FakeCard)
+    try:
+        assert not gpu.plan.with_mtp and MTP_LEFT_OFF in gpu.plan.notes
+        assert gpu.speculation_stats is None and gpu.slots.verifier is None
+    finally:
+        gpu.close()

@@ -168,6 +168,12 @@ class GenerationWorker:
         return self._scheduler is not None and self._scheduler.supports_images
 
     @property
+    def speculates(self) -> bool:
+        """Whether the backend drafts with the model's MTP head: the model has one and the backend runs it (the
+        CUDA backend leaves it off when only the head does not fit its cards)."""
+        return self._scheduler is not None and getattr(self._scheduler.backend, "speculation_stats", None) is not None
+
+    @property
     def encodes_images(self) -> bool:
         """Whether the backend holds its own vision tower (on its card): images are then encoded there."""
         return self.supports_images and hasattr(self._scheduler.backend, "encode_image")  # type: ignore[union-attr]

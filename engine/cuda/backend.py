@@ -99,9 +99,10 @@ class CudaBackend:
         propagates. `kv`: the KV cache format (f16, or a quantised pair such as k8v3; engine.model.kv_formats).
         `mmproj`: a validated vision tower paired with this model (engine.vision.encoder checks the pairing),
         loaded onto the first card and counted in its memory plan.
-        `speculative`: load the MTP head (when the file has one) and draft `draft_tokens` per verify, for greedy
-        and sampled requests alike (the exact acceptance rule runs on the card: engine.cuda.speculative). `sparse`: a calibrated sparse prefill profile
-        (engine.sparse.profile.require_profile), each card applying it to its own attention layers; None: dense.
+        `speculative`: load the MTP head (when the file has one, and it fits) and draft `draft_tokens` per verify,
+        for greedy and sampled requests alike (the exact acceptance rule runs on the card: engine.cuda.speculative).
+        `sparse`: a calibrated sparse prefill profile (engine.sparse.profile.require_profile), each card applying
+        it to its own attention layers; None: dense.
         `bridge`: slow every hop down to a modelled link. `config` + `weights_for` replace `loaded` for
         synthetic benchmarks (weights made on each card; no file, so no plan), and `mtp_for(card, trunk)` makes
         their MTP head on the last card (speculating like a file's head); `card_factory` makes each card's

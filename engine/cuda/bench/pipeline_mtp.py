@@ -99,12 +99,13 @@ def run_pipeline_mtp_bench(cfg: ModelConfig, shape: str, n_cards: int, devices: 
 
 
 def render_pipeline_mtp(r: dict[str, Any]) -> str:
-    lines = [f"MTP over {r['cards']} cards, {r['shape']} {r['weights']}, depth {r['depth']}, {r['tokens']} greedy tokens"]
+    lines = [f"MTP over {r['cards']} cards, {r['shape']} {r['weights']}, depth {r['depth']}, "
+             f"{r['tokens']} greedy tokens"]
     for k, d in r["draft_tokens"].items():
         hop = d["hop_seconds_verify_rows"]
         line = (f"K={k}: plain step {d['plain_step_ms']:.2f} ms ({d['plain_tokens_per_s']:.1f} t/s), round "
-                f"{d['round_ms']:.2f} ms ({d['round_over_step']:.2f}x a step, {d['rounds']} rounds), identical to plain: "
-                f"{d['identical_to_plain']}")
+                f"{d['round_ms']:.2f} ms ({d['round_over_step']:.2f}x a step, {d['rounds']} rounds), "
+                f"identical to plain: {d['identical_to_plain']}")
         if hop is not None:
             line += f"; hop of {k + 1} rows {hop * 1e6:.0f} us measured"
         p = d.get("projection")

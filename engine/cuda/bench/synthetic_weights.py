@@ -19,7 +19,8 @@ from engine.cuda.kq_layout import device_bytes
 from engine.cuda.kq_weight import KQWeight
 from engine.cuda.matmul import SingleWeight, Weight, same_kind_runs, stack
 from engine.cuda.q8_layout import QK
-from engine.cuda.weights import AttentionWeights, FfnWeights, GdnWeights, LayerWeights, ModelWeights, MtpWeights, head_embedding
+from engine.cuda.weights import (AttentionWeights, FfnWeights, GdnWeights, LayerWeights, ModelWeights, MtpWeights,
+                                 head_embedding)
 from engine.gguf.config import ModelConfig
 from engine.gguf.kquant_blocks import BLOCK_BYTES, KQUANT_TYPES, QK_K
 from engine.gguf.tensor_plan import planned_types

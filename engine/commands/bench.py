@@ -70,13 +70,7 @@ def _pipeline(args: argparse.Namespace, prompts: tuple[int, ...]) -> int:
     devices = tuple(int(x) for x in args.devices.split(","))
     result = run_pipeline_bench(shape_config(args.synthetic), args.synthetic, counts, devices, prompt=max(prompts),
                                 chunk=args.chunk)
-    from engine.cuda.driver import CudaCard
-
-    gpus = []
-    for d in sorted(set(devices)):
-        with CudaCard(d) as card:
-            gpus.append(card.device_name)
-    _emit(args, {"gpus": gpus, **result})
+    _emit(args, {"gpus": _gpu_names(devices), **result})
     print(render_pipeline_table(result), file=sys.stderr)
     return 0
 
@@ -98,9 +92,20 @@ def _pipeline_mtp(args: argparse.Namespace, depth: int) -> int:
     devices = tuple(int(x) for x in args.devices.split(","))
     result = run_pipeline_mtp_bench(cfg, args.synthetic, counts[0], devices, depth, acceptance,
                                     weight_type=args.weights)
-    _emit(args, {**result, "fixture_acceptance": fixture})
+    _emit(args, {"gpus": _gpu_names(devices), **result, "fixture_acceptance": fixture})
     print(render_pipeline_mtp(result), file=sys.stderr)
     return 0
+
+
+def _gpu_names(devices: tuple[int, ...]) -> list[str]:
+    """The names of the GPUs a multi-card run's cards sat on, each once."""
+    from engine.cuda.driver import CudaCard
+
+    names = []
+    for d in sorted(set(devices)):
+        with CudaCard(d) as card:
+            names.append(card.device_name)
+    return names
 
 
 def _fixture_acceptance(args: argparse.Namespace) -> dict | None:

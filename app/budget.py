@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from engine.errors import RigllmError
 from engine.model.kv_formats import CODECS_BY_BITS, CUDA_KERNEL_FORMATS, kv_format, kv_format_for_bits
-from engine.model.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, plan, plan_speculating
+from engine.model.memory_plan import CardPlan, CardProfile, MemoryPlan, format_bytes, layer_cuts, load_plan
 from engine.model.model_footprint import Footprint
 from engine.telemetry import CardSample
 
@@ -146,9 +146,7 @@ def _card_plan(fp: Footprint, profiles: list[CardProfile], context: int, kv: str
     """The plan the CUDA backend makes when it loads: a model with an MTP head speculates by default (one draft
     token, on one card or several) when the head fits, and loads without it when only the head does not (a
     file that declares a head but omits it is counted with one, the safe side)."""
-    if fp.config.n_mtp:
-        return plan_speculating(fp, profiles, context, kv_format(kv), split=split)
-    return plan(fp, profiles, context, kv_format(kv), split=split)
+    return load_plan(fp, profiles, context, kv_format(kv), with_mtp=fp.config.n_mtp > 0, split=split)
 
 
 def _try_plan(fp: Footprint, profiles: list[CardProfile], context: int, kv: str,

@@ -57,7 +57,7 @@ from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 from engine.model.kv_formats import kv_format
 from engine.model.load_progress import ProgressCallback, ProgressCounter
-from engine.model.memory_plan import MemoryPlan, plan, plan_speculating
+from engine.model.memory_plan import MemoryPlan, load_plan
 from engine.model.model_footprint import footprint_of
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
@@ -147,11 +147,9 @@ class CudaBackend:
             return None
         profiles = [ex.call(st.profile) for ex, st in zip(self.executors, self.stages)]
         fp = with_tower(footprint_of(loaded), mmproj.config if mmproj is not None else None)
-        settings = dict(n_seqs=self.slot_count, prefill_chunk=self.prefill_chunk, split=split)
-        if not self.with_mtp:
-            return plan(fp, profiles, self.context * self.slot_count, self.kv, **settings)
-        made = plan_speculating(fp, profiles, self.context * self.slot_count, self.kv, draft_tokens=self.draft_tokens,
-                                **settings)
+        made = load_plan(fp, profiles, self.context * self.slot_count, self.kv, with_mtp=self.with_mtp,
+                         draft_tokens=self.draft_tokens, n_seqs=self.slot_count, prefill_chunk=self.prefill_chunk,
+                         split=split)
         self.with_mtp = made.with_mtp
         return made
 

@@ -272,11 +272,14 @@ def _balanced_cuts(cost: list[int], fixed: list[int], usable: list[int]) -> list
 MTP_LEFT_OFF = "the MTP head is left off: with it the model does not fit on these cards at this context"
 
 
-def plan_speculating(fp: Footprint, cards: list[CardProfile], context: int, kv: KVFormat | str | None = None, *,
-                     draft_tokens: int = 1, **kwargs: Any) -> MemoryPlan:
-    """The plan with the MTP block and the verify's GDN rings (`draft_tokens` states per layer) when they fit,
-    else `plan` without them, noted (its refusal when neither fits): speculation is worth having, never worth
-    refusing a model that fits without it. The CUDA backend and the app's load sheet both plan this way."""
+def load_plan(fp: Footprint, cards: list[CardProfile], context: int, kv: KVFormat | str | None = None, *,
+              with_mtp: bool, draft_tokens: int = 1, **kwargs: Any) -> MemoryPlan:
+    """The plan the CUDA backend loads by (its own, the app's load sheet's, `rigllm info`'s): `with_mtp`, the
+    MTP block and the verify's GDN rings (`draft_tokens` states per layer) when they fit, else the plan
+    without them, noted (`plan`'s refusal when neither fits): speculation is worth having, never worth
+    refusing a model that fits without it."""
+    if not with_mtp:
+        return plan(fp, cards, context, kv, **kwargs)
     try:
         return plan(fp, cards, context, kv, with_mtp=True, verify_states=draft_tokens, **kwargs)
     except RigllmError:

@@ -12,9 +12,9 @@ from engine.errors import RigllmError
 from engine.gguf.loader import LoadedModel
 from engine.gguf.tensor_layout import model_tensors
 from engine.gguf.validate import block_of
-from engine.model.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT, KV_FORMATS, KVFormat, kv_format
-from engine.model.memory_plan import CardProfile, MemoryPlan, cards_16gb, plan, plan_speculating
-from engine.model.model_footprint import Footprint, footprint_of, gdn_conv_state_bytes, gdn_recurrent_state_bytes
+from engine.model.kv_formats import DEFAULT_LONG_CONTEXT_FORMAT, KV_FORMATS, kv_format
+from engine.model.memory_plan import MemoryPlan, cards_16gb, load_plan
+from engine.model.model_footprint import footprint_of, gdn_conv_state_bytes, gdn_recurrent_state_bytes
 
 MAX_CARDS = 4
 
@@ -56,7 +56,7 @@ def describe(
                 {
                     "n_cards": n_cards,
                     "fits": True,
-                    **_plan_dict(_load_plan(fp, cards_16gb(n_cards), context, kv, with_mtp, split)),
+                    **_plan_dict(load_plan(fp, cards_16gb(n_cards), context, kv, with_mtp=with_mtp, split=split)),
                 }
             )
         except RigllmError as err:
@@ -101,15 +101,6 @@ def describe(
         "plans": plans,
         "warnings": list(model.warnings),
     }
-
-
-def _load_plan(fp: Footprint, cards: list[CardProfile], context: int, kv: KVFormat, with_mtp: bool,
-               split: tuple[int, ...] | None) -> MemoryPlan:
-    """The plan the CUDA backend makes when it loads: with the MTP head (and one draft token's verify rings)
-    when asked and it fits, else without it, noted (`plan_speculating`)."""
-    if with_mtp:
-        return plan_speculating(fp, cards, context, kv, split=split)
-    return plan(fp, cards, context, kv, split=split)
 
 
 def _plan_dict(p: MemoryPlan) -> dict[str, Any]:

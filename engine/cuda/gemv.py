@@ -33,8 +33,8 @@ class GemvLaunch:
 
 # The kernels that can be swapped in for each token count (1: decode; 2-3: speculative verifies and two- or
 # three-slot steps; 4-8: batched steps): T -> name -> launch shape. Mirrors gemv_q8.cu's
-# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) lines (a unit test checks it); `microbench.gemv_sweep` times them. DEFAULT_GEMV[T] is the one every T-token
-# GEMV launches: switching to a faster variant is changing that one name.
+# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) lines (a unit test checks it); `microbench.gemv_sweep`
+# times them. DEFAULT_GEMV[T] is the one a T-token GEMV launches unless SHAPE_GEMV names its matrix shape's.
 GEMV_VARIANTS = {
     1: {
         "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
@@ -91,8 +91,33 @@ GEMV_VARIANTS = {
 # T=7 2,989 vs 3,073; T=8 3,802 vs 4,024 (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t*.json)
 DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4_r2_u4",
                 5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r2_u1"}
+# Per matrix shape (tokens, rows, k) where the width's sweep on the current kernels measured another variant at
+# least SHAPE_GAIN faster than DEFAULT_GEMV on that matrix (the 9B's matrices, H200, 2026-12-03,
+# tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t{4..8}.json; tests/unit/test_gemv_shapes.py holds each
+# entry to its sweep). Every variant computes the same sums, so outputs do not change. GB/s, default -> chosen:
+# T=4 gdn_in 2,920 -> 3,261, attn_in 2,817 -> 2,990; T=6 gdn_in 2,616 -> 2,920; T=7 gdn_in 2,566 -> 2,680,
+# ffn_gate_up 2,989 -> 3,112, lm_head 3,252 -> 3,578; T=8 gdn_in 1,864 -> 2,508. Predicted from those sweeps
+# (not yet timed in a whole step): GEMV per 9B step T=4 2,677 -> 2,623 us, T=6 2,932 -> 2,881, T=7 2,986 ->
+# 2,890, T=8 3,798 -> 3,620. The T=1..3 sweeps predate the shared output epilogue (2026-12-01), so those
+# widths keep their one default until swept again; other shapes (the 27B's) run DEFAULT_GEMV.
+SHAPE_GAIN = 1.03
+SHAPE_GEMV: dict[tuple[int, int, int], str] = {
+    (4, 12352, 4096): "gemv_q8_t4_r8_u1",
+    (4, 10240, 4096): "gemv_q8_t4_r8_u1",
+    (6, 12352, 4096): "gemv_q8_t6_r2_u1",
+    (7, 12352, 4096): "gemv_q8_t7_r2_u1",
+    (7, 24576, 4096): "gemv_q8_t7",
+    (7, 248320, 4096): "gemv_q8_t7",
+    (8, 12352, 4096): "gemv_q8_t8",
+}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
+
+
+def gemv_variant(n_tokens: int, rows: int, k: int) -> str:
+    """The GEMV kernel an `n_tokens`-token product with a rows x k matrix launches: its shape's measured best
+    (SHAPE_GEMV), else the width's DEFAULT_GEMV."""
+    return SHAPE_GEMV.get((n_tokens, rows, k), DEFAULT_GEMV[n_tokens])
 
 
 @dataclass(frozen=True)
@@ -208,12 +233,12 @@ def gemv_q8(
 
     `residual` has the output's layout and may be `y` itself. `max_blocks` caps the grid (the kernel
     strides over row groups), e.g. to leave SMs to a concurrent stream. `variant` names a kernel of
-    GEMV_VARIANTS[n_tokens] (default DEFAULT_GEMV[n_tokens]); every variant computes the same sums.
+    GEMV_VARIANTS[n_tokens] (default `gemv_variant` of the matrix's shape); every variant computes the same sums.
     """
     if n_tokens not in GEMV_ROWS_PER_WARP:
         raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
     known = GEMV_VARIANTS[n_tokens]
-    kernel = DEFAULT_GEMV[n_tokens] if variant is None else variant
+    kernel = gemv_variant(n_tokens, w.rows, w.k) if variant is None else variant
     if kernel not in known:
         raise ValueError(f"unknown T={n_tokens} GEMV variant {kernel!r}; known: {', '.join(known)}")
     launch = known[kernel]

@@ -8,7 +8,8 @@ captured decode graph replayed token by token through `SlotDecoder.step`, writin
 position and reading back the token id, exactly as generation does; the KV cache is filled to the
 depth without prefilling it, because its values do not change the speed), then aggregate decode
 tokens/s with 1, 2, 4 and 8 streams decoding together (continuous batching: one batched step per
-token of every stream), and what logprobs, logit_bias and grammar masks add to a step and move over PCIe
+token of every stream), where a prefill chunk's time goes per kernel (engine/cuda/bench/prefill_breakdown.py:
+the GEMMs' DP4A fraction inside the real prefill), and what logprobs, logit_bias and grammar masks add to a step and move over PCIe
 (engine/cuda/bench/constrained_steps.py).
 
 CMP 100-210 projections (anchor-qengine.md §6): decode = the fraction of the H200 read ceiling
@@ -34,6 +35,7 @@ from engine.cuda.bench.constrained_steps import constrained_step_costs, render_c
 from engine.cuda.bench.slot_depth import slots_at_depth
 from engine.cuda.bench.cmp_model import CMP_READ_GBPS, project_step, render_projection, state_bytes
 from engine.cuda.bench.microbench import run_microbench, time_graph_ms
+from engine.cuda.bench.prefill_breakdown import prefill_breakdown, render_prefill_breakdown
 from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weight
 from engine.cuda.gemv import Q8Weight, alloc_q8_activations
@@ -204,6 +206,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
     capacity = max(max(prompts), max(depths) + decode_steps + 2) + 8
     dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk)
     prefill = {n: prefill_speed(dec, n) for n in prompts}
+    prefill_parts = prefill_breakdown(dec, max(prompts) - chunk, micro["dp4a_tops"]) if max(prompts) >= chunk else None
     decode = {}
     for depth in depths:
         tps = decode_speed(dec, 1, depth, decode_steps)
@@ -247,6 +250,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "decode": decode,
         "concurrent_streams": {"depth": depths[0], "streams": multi},
         "prefill_4k_vs_fastest_decode": speedup,
+        "prefill_kernel_breakdown": prefill_parts,
         "decode_kernel_breakdown": breakdown,
         "batched_step_kernel_breakdown": wide_breakdown,
         "constrained_steps": constrained,
@@ -270,6 +274,8 @@ def render_table(r: dict[str, Any]) -> str:
     ]
     for n, tps in r["prefill_tokens_per_s"].items():
         lines.append(f"{n:>6}   {tps:>11.0f}   {r['projected_cmp_prefill_tokens_per_s'][n]:>17.0f}")
+    if r.get("prefill_kernel_breakdown"):
+        lines.extend(render_prefill_breakdown(r["prefill_kernel_breakdown"]))
     lines.append("depth    decode t/s   GB/s   % read ceiling   projected CMP t/s")
     for depth, d in r["decode"].items():
         lines.append(f"{depth:>6}   {d['tokens_per_s']:>10.1f}   {d['gb_per_s']:>4.0f}   "

@@ -9,8 +9,8 @@ position and reading back the token id, exactly as generation does; the KV cache
 depth without prefilling it, because its values do not change the speed), then aggregate decode
 tokens/s with 1, 2, 4 and 8 streams decoding together (continuous batching: one batched step per
 token of every stream), where a prefill chunk's time goes per kernel (engine/cuda/bench/prefill_breakdown.py:
-the GEMMs' DP4A fraction inside the real prefill), and what logprobs, logit_bias and grammar masks add to a step and move over PCIe
-(engine/cuda/bench/constrained_steps.py).
+the GEMMs' DP4A fraction inside the real prefill), and what logprobs, logit_bias and grammar masks add to a
+step and move over PCIe (engine/cuda/bench/constrained_steps.py).
 
 CMP 100-210 projections (anchor-qengine.md §6): decode = the fraction of the H200 read ceiling
 reached, applied to the CMP's 818 GB/s measured read bandwidth, over the same bytes per token;

@@ -6,8 +6,9 @@ cut into contiguous ranges, one per card, so that the fullest card is as empty a
 a small dynamic programme over cut points, minimising the largest used/usable ratio). A layer costs
 its device weights (model_footprint), its KV at the chosen context and KV format, and its GDN state
 for `n_seqs` sequences. Card 0 also holds the token embedding (only rows are gathered, but all of
-it lives there); the last card holds the final norm and the LM head (with more than one card and tied embeddings or
-the MTP block, a second copy of `token_embd`), the MTP block when it is enabled, and the logits.
+it lives there); the last card holds the final norm and the LM head (with more than one card and
+tied embeddings or the MTP block, a second copy of `token_embd`), the MTP block when it is enabled,
+and the logits.
 Every card gets scratch for one prefill chunk of activations plus a fixed allowance for kernel
 images, graphs and per-step buffers; these are estimates until the CUDA backend reports actual
 bytes, which the app shows next to the plan. A plan that does not fit raises `RigllmError` naming the

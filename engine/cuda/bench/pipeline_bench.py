@@ -17,10 +17,8 @@ import numpy as np
 
 from engine.cuda.bench.speed import slot_decode_speed
 from engine.cuda.backend import CudaBackend
-from engine.cuda.driver import CudaCard
 from engine.generation.backend import CardSpec
-from engine.cuda.bench.synthetic_weights import random_model_weights
-from engine.model.load_progress import ProgressCounter
+from engine.cuda.bench.synthetic_weights import per_card_weights
 from engine.gguf.config import ModelConfig
 
 GEN1_X1_BYTES_PER_S = 250e6
@@ -58,12 +56,8 @@ def run_pipeline_bench(cfg: ModelConfig, shape: str, card_counts: tuple[int, ...
     runs = {}
     for n in card_counts:
         specs = [CardSpec(devices[i % len(devices)]) for i in range(n)]
-
-        def weights_for(card: CudaCard, span: range, counter: ProgressCounter):
-            return random_model_weights(card, cfg, seed=7, span=span)
-
         pipe = CudaBackend(None, specs, context=prompt + 64, slots=streams, chunk=chunk, config=cfg,
-                           weights_for=weights_for)
+                           weights_for=per_card_weights(cfg))
         try:
             run: dict[str, Any] = {
                 "devices": [s.device for s in specs],

@@ -25,12 +25,11 @@ import numpy as np
 from engine.cuda.backend import CudaBackend
 from engine.cuda.bench.mtp_bench import GREEDY, tokens_per_round
 from engine.cuda.bench.pipeline_bench import cmp_hop_seconds
-from engine.cuda.bench.synthetic_weights import random_model_weights, random_mtp_weights
+from engine.cuda.bench.synthetic_weights import per_card_weights, random_mtp_weights
 from engine.cuda.driver import CudaCard
 from engine.generation.backend import CardSpec
 from engine.generation.slots import decode_tokens
 from engine.gguf.config import ModelConfig
-from engine.model.load_progress import ProgressCounter
 
 
 def _decode(pipe: CudaBackend, prompt: list[int], tokens: int, speculative: bool) -> tuple[list[int], float, int]:
@@ -55,23 +54,20 @@ def run_pipeline_mtp_bench(cfg: ModelConfig, shape: str, n_cards: int, devices: 
     """Card i sits on GPU devices[i % len(devices)]."""
     specs = [CardSpec(devices[i % len(devices)]) for i in range(n_cards)]
 
-    def weights_for(card: CudaCard, span: range, counter: ProgressCounter):
-        return random_model_weights(card, cfg, seed=7, span=span, weight_type=weight_type)
-
     def mtp_for(card: CudaCard, trunk):
         return random_mtp_weights(card, cfg, trunk, weight_type=weight_type)
 
     prompt = np.random.default_rng(depth).integers(0, cfg.vocab_size, depth).tolist()
     runs: dict[int, Any] = {}
     for k in draft_tokens:
-        pipe = CudaBackend(None, specs, context=depth + 4 * tokens, slots=1, config=cfg, weights_for=weights_for,
+        pipe = CudaBackend(None, specs, context=depth + 4 * tokens, slots=1, config=cfg,
+                           weights_for=per_card_weights(cfg, weight_type),
                            mtp_for=mtp_for, draft_tokens=k)
         try:
             for speculative in (False, True):  # warm-up: every graph captured
                 _decode(pipe, prompt, tokens, speculative)
             plain, plain_s, _ = _decode(pipe, prompt, tokens, False)
             spec, spec_s, rounds = _decode(pipe, prompt, tokens, True)
-            stats = pipe.speculation_stats
             step_ms = 1e3 * plain_s / (tokens - 1)  # the first token comes from the prefill's logits
             round_ms = 1e3 * spec_s / max(1, rounds)
             run: dict[str, Any] = {
@@ -79,7 +75,7 @@ def run_pipeline_mtp_bench(cfg: ModelConfig, shape: str, n_cards: int, devices: 
                 "plain_step_ms": step_ms, "plain_tokens_per_s": (tokens - 1) / plain_s,
                 "round_ms": round_ms, "rounds": rounds, "round_over_step": round_ms / step_ms,
                 "speculative_tokens_per_s": (len(spec) - 1) / spec_s,
-                "acceptance_random_head": stats.acceptance_rate if stats else 0.0,
+                "acceptance_random_head": pipe.speculation_stats.acceptance_rate,
                 "identical_to_plain": spec == plain, "first_difference": _first_difference(spec, plain),
                 "hop_seconds_verify_rows": pipe.hop_seconds(k + 1) if n_cards > 1 else None,
                 "cmp_hop_model_seconds_verify_rows": cmp_hop_seconds(k + 1, cfg.d_model),

@@ -9,6 +9,8 @@ quantizer rules for q4_k_m / q5_k_m / q6_k), stacked as `upload_weights` stacks 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gguf import GGMLQuantizationType
@@ -24,6 +26,7 @@ from engine.cuda.weights import (AttentionWeights, FfnWeights, GdnWeights, Layer
 from engine.gguf.config import ModelConfig
 from engine.gguf.kquant_blocks import BLOCK_BYTES, KQUANT_TYPES, QK_K
 from engine.gguf.tensor_plan import planned_types
+from engine.model.load_progress import ProgressCounter
 
 Q = GGMLQuantizationType
 # Largest quant value of the K types with minimums (half of it is the min term that centres a block)
@@ -76,6 +79,16 @@ def random_model_weights(card: CudaCard, cfg: ModelConfig, seed: int = 0, span: 
     lm_head = (token_embd if c.tied_embeddings else make.single("output.weight", c.vocab_size, c.d_model)) if ends else None
     return ModelWeights(token_embd if span.start == 0 else None, tuple(layers),
                         make.ones(c.d_model, "output_norm") if ends else None, lm_head, span.start)
+
+
+def per_card_weights(cfg: ModelConfig, weight_type: str = "q8_0", seed: int = 7
+                     ) -> Callable[[CudaCard, range, ProgressCounter], ModelWeights]:
+    """A multi-card backend's `weights_for`: each card makes random weights of its own layers (the same seed on
+    every card, so a split model is the same model whatever the split)."""
+    def weights_for(card: CudaCard, span: range, counter: ProgressCounter) -> ModelWeights:
+        return random_model_weights(card, cfg, seed=seed, span=span, weight_type=weight_type)
+
+    return weights_for
 
 
 def random_mtp_weights(card: CudaCard, cfg: ModelConfig, trunk: ModelWeights, seed: int = 1,

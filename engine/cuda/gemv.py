@@ -93,15 +93,18 @@ DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4
                 5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r2_u1"}
 # Per matrix shape (tokens, rows, k) where the width's sweep on the current kernels measured another variant at
 # least SHAPE_GAIN faster than DEFAULT_GEMV on that matrix (the 9B's matrices, H200, 2026-12-03,
-# tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t{4..8}.json; tests/unit/test_gemv_shapes.py holds each
-# entry to its sweep). Every variant computes the same sums, so outputs do not change. GB/s, default -> chosen:
-# T=4 gdn_in 2,920 -> 3,261, attn_in 2,817 -> 2,990; T=6 gdn_in 2,616 -> 2,920; T=7 gdn_in 2,566 -> 2,680,
-# ffn_gate_up 2,989 -> 3,112, lm_head 3,252 -> 3,578; T=8 gdn_in 1,864 -> 2,508. Predicted from those sweeps
-# (not yet timed in a whole step): GEMV per 9B step T=4 2,677 -> 2,623 us, T=6 2,932 -> 2,881, T=7 2,986 ->
-# 2,890, T=8 3,798 -> 3,620. The T=1..3 sweeps predate the shared output epilogue (2026-12-01), so those
-# widths keep their one default until swept again; other shapes (the 27B's) run DEFAULT_GEMV.
+# tests/gpu/results/2026-12-03-h200-s11-gemv-sweep-9b-t{1..3}.json and -s9-gemv-sweep-9b-t{4..8}.json;
+# tests/unit/test_gemv_shapes.py holds each entry to its sweep). Every variant computes the same sums, so
+# outputs do not change. GB/s, default -> chosen: T=1 gdn_out and attn_out (4096 x 4096) 2,589 -> 2,686;
+# T=2 attn_in 3,075 -> 3,401; T=4 gdn_in 2,920 -> 3,261, attn_in 2,817 -> 2,990; T=6 gdn_in 2,616 -> 2,920;
+# T=7 gdn_in 2,566 -> 2,680, ffn_gate_up 2,989 -> 3,112, lm_head 3,252 -> 3,578; T=8 gdn_in 1,864 -> 2,508.
+# The sweeps predicted GEMV per 9B 8-token step 3,798 -> 3,620 us; timed inside the batched step it went
+# 3,349 -> 3,328 us (s9b and s11 bench JSONs): a sweep times each matrix alone, out of the step's L2 and
+# launch context, so its gains are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV.
 SHAPE_GAIN = 1.03
 SHAPE_GEMV: dict[tuple[int, int, int], str] = {
+    (1, 4096, 4096): "gemv_q8_t1_r1_u2",
+    (2, 10240, 4096): "gemv_q8_t2_r4_u2",
     (4, 12352, 4096): "gemv_q8_t4_r8_u1",
     (4, 10240, 4096): "gemv_q8_t4_r8_u1",
     (6, 12352, 4096): "gemv_q8_t6_r2_u1",

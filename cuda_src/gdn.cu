@@ -203,6 +203,8 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
     __shared__ float sk[GDN_MAX_DK];
     __shared__ float red[GDN_RECURRENT_ROW_GROUPS][GDN_RECURRENT_COLS];
     __shared__ float scratch[32];
+    __shared__ float sv[GDN_RECURRENT_COLS];  // this token's v on the block's columns
+    __shared__ float sgate[2];                // its beta and decay
     __shared__ int is_last;
 
     const int n = blockIdx.x;
@@ -231,6 +233,15 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
 
     for (int t = 0; t < n_tokens; ++t) {
         const float* row = conv_out + (size_t)(t0 + t) * Cc;
+        // Every global read of this token is issued here, before the first barrier: a load after a barrier cannot
+        // be moved above it, so a later one would add its whole memory latency to a kernel that is latency-bound
+        // (about 7 us for 4 MB of state per 9B layer on the H200, 2026-12-03). The values wait in shared memory
+        // (the barriers below publish them): held in registers across the sums they made ptxas spill at 64.
+        if (ty == 0) sv[tx] = col_ok ? row[2 * Ck + n * dv + c] : 0.f;
+        if (tid == GDN_RECURRENT_COLS) {
+            sgate[0] = gdn_sigmoid(b[(size_t)(t0 + t) * b_stride + n]);
+            sgate[1] = expf(gdn_log_decay(ssm_a[n], alpha[(size_t)(t0 + t) * alpha_stride + n], dt_bias[n]));
+        }
         float ssq = 0.f, ssk = 0.f;
         for (int r = tid; r < dk; r += blockDim.x) {
             const float qv = row[kh * dk + r];
@@ -250,9 +261,7 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         }
         __syncthreads();
 
-        const float beta = gdn_sigmoid(b[(size_t)(t0 + t) * b_stride + n]);
-        const float decay = expf(gdn_log_decay(ssm_a[n], alpha[(size_t)(t0 + t) * alpha_stride + n], dt_bias[n]));
-
+        const float decay = sgate[1];
         float part = 0.f;
 #pragma unroll
         for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
@@ -265,9 +274,8 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         float sk_dot = 0.f;  // (S^T k)[c] of the decayed state
 #pragma unroll
         for (int g = 0; g < GDN_RECURRENT_ROW_GROUPS; ++g) sk_dot += red[g][tx];
-        const float v = col_ok ? row[2 * Ck + n * dv + c] : 0.f;
-        const float u = beta * (v - sk_dot);
-        __syncthreads();  // everyone has read red
+        const float u = sgate[0] * (sv[tx] - sk_dot);
+        __syncthreads();  // everyone has read red, sv and sgate
 
         part = 0.f;
 #pragma unroll

@@ -22,7 +22,30 @@
 // residual (nullable) is read with the output's own layout; it may alias y (in-place y += W x).
 #include "matmul_store.cuh"
 
-template <int T, int R, int U>
+// U slices of each of R rows for the lane (zeros past the row's end), slice s0 + 32 * u at cursor offset 32 * u.
+template <int R, int U>
+__device__ __forceinline__ void gemv_q8_load(const int4* const (&wp)[R], const unsigned short* const (&dp)[R], int s0,
+                                             int n_slices, int4 (&w)[U][R], unsigned short (&dh)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (s0 + 32 * u < n_slices) {
+                w[u][r] = __ldcs(wp[r] + 32 * u);
+                dh[u][r] = __ldcs(dp[r] + 16 * u);
+            } else {
+                w[u][r] = make_int4(0, 0, 0, 0);
+                dh[u][r] = 0;
+            }
+        }
+    }
+}
+
+// P (pipelined): the lane issues the next U slices' loads before it multiplies the current ones, so 2 * U * R
+// weight loads are in flight while it computes instead of U * R between computing rounds: more bytes in flight
+// per resident warp (Little's law: the H200 needs about 34 KB per SM at its ~1 us latency, which 24 warps of
+// U * R = 2 loads do not reach) at the price of U * R more registers.
+template <int T, int R, int U, bool P>
 __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq, const __half* __restrict__ wd,
                                              const signed char* __restrict__ xq, const float* __restrict__ xd,
                                              float* y, const float* residual, int rows, int K, int end0, int end1,
@@ -36,7 +59,7 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
     for (long long group = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); group * R < rows;
          group += group_stride) {
         const int row0 = (int)(group * R);
-        // Per-lane cursors: slice s of a row is int4 number s, its scale is fp16 number s / 2. Loads below use
+        // Per-lane cursors: slice s of a row is int4 number s, its scale is fp16 number s / 2. Loads use
         // compile-time offsets from these (32 * u slices, 16 * u scales), which costs no extra registers.
         const int4* wp[R];
         const unsigned short* dp[R];
@@ -55,22 +78,26 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
 #pragma unroll
             for (int t = 0; t < T; ++t) acc[r][t] = 0.0f;
 
+        int4 next[U][R];  // P: the slices of the coming round, loaded a round ahead
+        unsigned short next_d[U][R];
+        if (P) gemv_q8_load<R, U>(wp, dp, lane, n_slices, next, next_d);
         for (int s0 = lane; s0 < n_slices; s0 += 32 * U) {
             int4 w[U][R];
             unsigned short dh[U][R];
+            if (P) {
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+                for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    if (s0 + 32 * u < n_slices) {
-                        w[u][r] = __ldcs(wp[r] + 32 * u);
-                        dh[u][r] = __ldcs(dp[r] + 16 * u);
-                    } else {
-                        w[u][r] = make_int4(0, 0, 0, 0);
-                        dh[u][r] = 0;
-                    }
-                }
+                    for (int r = 0; r < R; ++r) w[u][r] = next[u][r], dh[u][r] = next_d[u][r];
+            } else {
+                gemv_q8_load<R, U>(wp, dp, s0, n_slices, w, dh);
             }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                wp[r] += 32 * U;
+                dp[r] += 16 * U;
+            }
+            if (P) gemv_q8_load<R, U>(wp, dp, s0 + 32 * U, n_slices, next, next_d);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 if (s0 + 32 * u < n_slices) {
@@ -87,11 +114,6 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
                     }
                 }
             }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                wp[r] += 32 * U;
-                dp[r] += 16 * U;
-            }
             xp += 32 * U;
             xdp += 16 * U;
         }
@@ -107,14 +129,14 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
 // spilling on sm_70 (T = 1 at 8 blocks spilled 8 bytes, so it runs 7: 72 registers, 28 warps per SM, U * R = 8
 // loads of 16 bytes in flight per lane). engine/cuda/gemv.py mirrors (T, R) to size grids; a unit test
 // checks the two agree. Block size is 128 threads (4 warps).
-#define RIGLLM_GEMV_Q8_KERNEL(NAME, T, R, U, THREADS, MIN_BLOCKS)                                                 \
+#define RIGLLM_GEMV_Q8_KERNEL(NAME, T, R, U, PIPELINED, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                                       \
         const signed char* __restrict__ wq, const __half* __restrict__ wd, const signed char* __restrict__ xq,    \
         const float* __restrict__ xd, float* y, const float* residual, int rows, int K, int end0, int end1,        \
         int end2) {                                                                                               \
-        gemv_q8_body<T, R, U>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2);                            \
+        gemv_q8_body<T, R, U, PIPELINED>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2);                 \
     }
-#define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS) RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T, T, R, U, 128, MIN_BLOCKS)
+#define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS) RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T, T, R, U, false, 128, MIN_BLOCKS)
 
 RIGLLM_GEMV_Q8(1, 2, 4, 7)
 RIGLLM_GEMV_Q8(2, 2, 2, 8)
@@ -135,7 +157,10 @@ RIGLLM_GEMV_Q8(8, 4, 1, 4)
 // Splitting K across warps is left out: at one row per warp every 9B/27B matrix (>= 4096 rows) already gives
 // about as many warps as an H200 keeps resident (132 SMs x 32-48), so a split would mostly add a reduction.
 #define RIGLLM_GEMV_Q8_VARIANT(T, SUFFIX, R, U, THREADS, MIN_BLOCKS) \
-    RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T##_##SUFFIX, T, R, U, THREADS, MIN_BLOCKS)
+    RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T##_##SUFFIX, T, R, U, false, THREADS, MIN_BLOCKS)
+// The pipelined form of a variant (gemv_q8_body's P), named with a _p suffix.
+#define RIGLLM_GEMV_Q8_PIPELINED(T, SUFFIX, R, U, THREADS, MIN_BLOCKS) \
+    RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T##_##SUFFIX##_p, T, R, U, true, THREADS, MIN_BLOCKS)
 
 RIGLLM_GEMV_Q8_VARIANT(1, r1_u2, 1, 2, 128, 8)
 RIGLLM_GEMV_Q8_VARIANT(1, r1_u4, 1, 4, 128, 8)
@@ -175,3 +200,19 @@ RIGLLM_GEMV_Q8_VARIANT(6, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(6, r2_u2, 2, 2, 128, 5)
 RIGLLM_GEMV_Q8_VARIANT(7, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(7, r2_u2, 2, 2, 128, 5)
+// Pipelined (the next round's weights in flight while the current round multiplies): the shapes that won at
+// each width, with MIN_BLOCKS lowered where the second set of weight registers needs it.
+RIGLLM_GEMV_Q8_PIPELINED(1, r4_u1, 4, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(1, r2_u2, 2, 2, 128, 6)
+RIGLLM_GEMV_Q8_PIPELINED(1, r1_u4, 1, 4, 128, 7)
+RIGLLM_GEMV_Q8_PIPELINED(2, r2_u1, 2, 1, 128, 8)
+RIGLLM_GEMV_Q8_PIPELINED(2, r4_u1, 4, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(3, r2_u2, 2, 2, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(3, r4_u1, 4, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(4, r2_u1, 2, 1, 128, 6)
+RIGLLM_GEMV_Q8_PIPELINED(4, r4_u1, 4, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(5, r2_u1, 2, 1, 128, 6)
+RIGLLM_GEMV_Q8_PIPELINED(6, r2_u1, 2, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(7, r2_u1, 2, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(8, r2_u1, 2, 1, 128, 5)
+RIGLLM_GEMV_Q8_PIPELINED(8, r4_u1, 4, 1, 128, 4)

@@ -33,8 +33,10 @@ class GemvLaunch:
 
 # The kernels that can be swapped in for each token count (1: decode; 2-3: speculative verifies and two- or
 # three-slot steps; 4-8: batched steps): T -> name -> launch shape. Mirrors gemv_q8.cu's
-# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) lines (a unit test checks it); `microbench.gemv_sweep`
-# times them. DEFAULT_GEMV[T] is the one a T-token GEMV launches unless SHAPE_GEMV names its matrix shape's.
+# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) lines and the pipelined ones (…_p: the next round's
+# weights loaded while the current one multiplies); a unit test checks it; `microbench.gemv_sweep` times them.
+# DEFAULT_GEMV[T] is the one a T-token GEMV launches unless SHAPE_GEMV names its matrix shape's; both follow
+# engine.cuda.bench.gemv_choice's rule on the committed sweeps (tests/unit/test_gemv_shapes.py).
 GEMV_VARIANTS = {
     1: {
         "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
@@ -47,6 +49,9 @@ GEMV_VARIANTS = {
         "gemv_q8_t1_r4_u4": GemvLaunch(4, 128),
         "gemv_q8_t1_r1_u8_w2": GemvLaunch(1, 64),
         "gemv_q8_t1_r2_u4_w2": GemvLaunch(2, 64),
+        "gemv_q8_t1_r4_u1_p": GemvLaunch(4, 128),
+        "gemv_q8_t1_r2_u2_p": GemvLaunch(2, 128),
+        "gemv_q8_t1_r1_u4_p": GemvLaunch(1, 128),
     },
     2: {
         "gemv_q8_t2": GemvLaunch(GEMV_ROWS_PER_WARP[2], GEMV_THREADS),
@@ -54,6 +59,8 @@ GEMV_VARIANTS = {
         "gemv_q8_t2_r2_u4": GemvLaunch(2, 128),
         "gemv_q8_t2_r1_u8": GemvLaunch(1, 128),
         "gemv_q8_t2_r4_u1": GemvLaunch(4, 128),
+        "gemv_q8_t2_r2_u1_p": GemvLaunch(2, 128),
+        "gemv_q8_t2_r4_u1_p": GemvLaunch(4, 128),
     },
     3: {
         "gemv_q8_t3": GemvLaunch(GEMV_ROWS_PER_WARP[3], GEMV_THREADS),
@@ -62,6 +69,8 @@ GEMV_VARIANTS = {
         "gemv_q8_t3_r1_u4": GemvLaunch(1, 128),
         "gemv_q8_t3_r1_u8": GemvLaunch(1, 128),
         "gemv_q8_t3_r2_u4": GemvLaunch(2, 128),
+        "gemv_q8_t3_r2_u2_p": GemvLaunch(2, 128),
+        "gemv_q8_t3_r4_u1_p": GemvLaunch(4, 128),
     },
     4: {
         "gemv_q8_t4": GemvLaunch(GEMV_ROWS_PER_WARP[4], GEMV_THREADS),
@@ -69,16 +78,21 @@ GEMV_VARIANTS = {
         "gemv_q8_t4_r1_u4": GemvLaunch(1, 128),
         "gemv_q8_t4_r2_u4": GemvLaunch(2, 128),
         "gemv_q8_t4_r8_u1": GemvLaunch(8, 128),
+        "gemv_q8_t4_r2_u1_p": GemvLaunch(2, 128),
+        "gemv_q8_t4_r4_u1_p": GemvLaunch(4, 128),
     },
     **{t: {f"gemv_q8_t{t}": GemvLaunch(GEMV_ROWS_PER_WARP[t], GEMV_THREADS),
            f"gemv_q8_t{t}_r2_u1": GemvLaunch(2, 128),
-           f"gemv_q8_t{t}_r2_u2": GemvLaunch(2, 128)} for t in (5, 6, 7)},
+           f"gemv_q8_t{t}_r2_u2": GemvLaunch(2, 128),
+           f"gemv_q8_t{t}_r2_u1_p": GemvLaunch(2, 128)} for t in (5, 6, 7)},
     8: {
         "gemv_q8_t8": GemvLaunch(GEMV_ROWS_PER_WARP[8], GEMV_THREADS),
         "gemv_q8_t8_r2_u1": GemvLaunch(2, 128),
         "gemv_q8_t8_r2_u2": GemvLaunch(2, 128),
         "gemv_q8_t8_r4_u2": GemvLaunch(4, 128),
         "gemv_q8_t8_r1_u4": GemvLaunch(1, 128),
+        "gemv_q8_t8_r2_u1_p": GemvLaunch(2, 128),
+        "gemv_q8_t8_r4_u1_p": GemvLaunch(4, 128),
     },
 }
 # Chosen by `gemv_sweep` on the H200 (2026-11-30): T = 1 (…-gemv-sweep.json) 2293 us of GEMV per 9B decode

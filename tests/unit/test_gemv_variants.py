@@ -21,12 +21,13 @@ SOURCE = CUDA_SRC_DIR / "gemv_q8.cu"
 
 def declared_variants() -> dict[int, dict[str, GemvLaunch]]:
     """T -> kernel name -> launch shape of every RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, MIN_BLOCKS)
-    line, plus each T's plain gemv_q8_t<T>."""
+    and RIGLLM_GEMV_Q8_PIPELINED(...) line (named with a _p suffix), plus each T's plain gemv_q8_t<T>."""
     text = SOURCE.read_text()
     found: dict[int, dict[str, GemvLaunch]] = {}
-    for t, suffix, r, threads in re.findall(r"^RIGLLM_GEMV_Q8_VARIANT\((\d+), (\w+), (\d+), \d+, (\d+), \d+\)",
-                                            text, re.M):
-        found.setdefault(int(t), {})[f"gemv_q8_t{t}_{suffix}"] = GemvLaunch(int(r), int(threads))
+    for form, t, suffix, r, threads in re.findall(
+            r"^RIGLLM_GEMV_Q8_(VARIANT|PIPELINED)\((\d+), (\w+), (\d+), \d+, (\d+), \d+\)", text, re.M):
+        name = f"gemv_q8_t{t}_{suffix}" + ("_p" if form == "PIPELINED" else "")
+        found.setdefault(int(t), {})[name] = GemvLaunch(int(r), int(threads))
     for t in found:
         [r] = re.findall(rf"^RIGLLM_GEMV_Q8\({t}, (\d+), \d+, \d+\)", text, re.M)
         found[t][f"gemv_q8_t{t}"] = GemvLaunch(int(r), 128)

@@ -149,3 +149,16 @@ def test_the_backend_leaves_the_head_off_when_only_it_does_not_fit(fixture):
         assert gpu.speculation_stats is None and gpu.slots.verifier is None
     finally:
         gpu.close()
+
+
+def test_the_cmp_projection_adds_the_modelled_hops_to_the_scaled_card_work():
+    from engine.cuda.bench.pipeline_bench import cmp_hop_seconds
+    from engine.cuda.bench.pipeline_mtp import project_cmp_rounds
+
+    result = {"cards": 3, "draft_tokens": {"1": {"round_over_step": 1.25}, "2": {"round_over_step": 1.5}}}
+    p = project_cmp_rounds(result, 5120, 20.0, (1.0, 0.5))
+    assert p["1"]["plain_tokens_per_s"] == pytest.approx(1 / (0.05 + 2 * cmp_hop_seconds(1, 5120)))
+    round_k2 = 0.05 * 1.5 + 2 * cmp_hop_seconds(3, 5120)
+    assert p["2"]["round_ms"] == pytest.approx(1e3 * round_k2)
+    assert p["2"]["tokens_per_s"]["1.0"] == pytest.approx(3 / round_k2)  # every draft accepted: K + 1 tokens
+    assert p["2"]["tokens_per_s"]["0.5"] == pytest.approx(1.75 / round_k2)  # 1 + 0.5 + 0.25

@@ -13,6 +13,11 @@ card, which also holds its own copy of the embedding), slot 0 after a prompt of 
 The speed-up at a per-draft acceptance a is tokens_per_round(a, K) x plain step / round, labelled a
 projection: a random head's acceptance says nothing, so a is measured elsewhere (the trained fixture's).
 With several logical cards on one GPU the cards are time-sliced, as in the plain pipeline bench.
+
+`project_cmp_rounds` carries a result to a rig of CMP cards (README, Benchmarks): a plain step there is the
+card work of a CMP decode step projected elsewhere (the decode tables' t/s) plus one modelled hop of one row
+per boundary; a round is that card work times the round's measured ratio to a plain step plus one modelled
+hop of K+1 rows per boundary.
 """
 
 from __future__ import annotations
@@ -92,6 +97,21 @@ def run_pipeline_mtp_bench(cfg: ModelConfig, shape: str, n_cards: int, devices: 
             pipe.close()
     return {"shape": shape, "cards": n_cards, "devices": [s.device for s in specs], "depth": depth,
             "tokens": tokens, "weights": weight_type, "draft_tokens": runs}
+
+
+def project_cmp_rounds(result: dict[str, Any], d_model: int, cmp_plain_tokens_per_s: float,
+                       acceptances: tuple[float, ...]) -> dict[str, Any]:
+    """Per K: the projected CMP plain t/s, round ms, and t/s at each per-draft acceptance (module docstring)."""
+    boundaries = result["cards"] - 1
+    card_work = 1.0 / cmp_plain_tokens_per_s
+    plain = card_work + boundaries * cmp_hop_seconds(1, d_model)
+    out: dict[str, Any] = {}
+    for k, run in result["draft_tokens"].items():
+        k = int(k)
+        round_s = card_work * run["round_over_step"] + boundaries * cmp_hop_seconds(k + 1, d_model)
+        out[str(k)] = {"plain_tokens_per_s": 1.0 / plain, "round_ms": 1e3 * round_s,
+                       "tokens_per_s": {str(a): tokens_per_round(a, k) / round_s for a in acceptances}}
+    return out
 
 
 def render_pipeline_mtp(r: dict[str, Any]) -> str:

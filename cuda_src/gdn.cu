@@ -76,6 +76,25 @@ __device__ float gdn_block_sum(float v, float* scratch) {
     return total;
 }
 
+// Two such sums at once (scratch >= 64 floats), with gdn_block_sum's order for each, so the same bits, in one
+// pair of barriers instead of two.
+__device__ float2 gdn_block_sum2(float a, float b, float* scratch) {
+    a = rigllm::warp_sum(a);
+    b = rigllm::warp_sum(b);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        scratch[threadIdx.x >> 5] = a;
+        scratch[32 + (threadIdx.x >> 5)] = b;
+    }
+    __syncthreads();
+    float2 total = make_float2(0.f, 0.f);
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        total.x += scratch[w];
+        total.y += scratch[32 + w];
+    }
+    return total;
+}
+
 // y = rmsnorm(o, w, eps) * silu(z) over one head of dv values (spec §6.7 step 8), by the whole block
 // (blockDim.x a multiple of 32). When yq is not null the head is also written as Q8_1 for the ssm_out GEMV
 // (yq, yd point at the head's first value and first block scale; requires dv % 32 == 0, so no 32-block
@@ -202,7 +221,7 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
     __shared__ float sq[GDN_MAX_DK];
     __shared__ float sk[GDN_MAX_DK];
     __shared__ float red[GDN_RECURRENT_ROW_GROUPS][GDN_RECURRENT_COLS];
-    __shared__ float scratch[32];
+    __shared__ float scratch[64];
     __shared__ float sv[GDN_RECURRENT_COLS];  // this token's v on the block's columns
     __shared__ float sgate[2];                // its beta and decay
     __shared__ int is_last;
@@ -251,10 +270,9 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
             ssq += qv * qv;
             ssk += kv * kv;
         }
-        ssq = gdn_block_sum(ssq, scratch);  // its barriers also publish sq, sk
-        ssk = gdn_block_sum(ssk, scratch);
-        const float inv_q = 1.f / sqrtf(ssq + GDN_L2_EPS);
-        const float inv_k = 1.f / sqrtf(ssk + GDN_L2_EPS);
+        const float2 norms = gdn_block_sum2(ssq, ssk, scratch);  // its barriers also publish sq, sk, sv, sgate
+        const float inv_q = 1.f / sqrtf(norms.x + GDN_L2_EPS);
+        const float inv_k = 1.f / sqrtf(norms.y + GDN_L2_EPS);
         for (int r = tid; r < dk; r += blockDim.x) {
             sq[r] = (sq[r] * inv_q) * q_scale;
             sk[r] = sk[r] * inv_k;

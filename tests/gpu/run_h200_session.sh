@@ -11,6 +11,9 @@
 #   or:     bash tests/gpu/run_h200_session.sh focus tests/gpu/test_x.py ...   carry [".kbz", ".whl"]
 #   or:     bash tests/gpu/run_h200_session.sh serve     carry [".kbz", ".whl"]   (bench streams vs rigllm serve)
 #   or:     bash tests/gpu/run_h200_session.sh mtp       carry [".kbz", ".whl"]   (speculation, one card and three)
+#   or:     bash tests/gpu/run_h200_session.sh q8-sweep  carry [".kbz", ".whl"]   (new Q8_0 GEMV/GDN kernels: their
+#           tests, the T=1..8 sweeps, then the 9B bench with the sweeps' choices; commit the sweeps and edit
+#           engine/cuda/gemv.py to what engine.cuda.bench.gemv_choice picks from them)
 #   llama.cpp beside rigllm on the K-quant files (issue 29), two calls: first the 9B Q8_0 bench (streams included)
 #   and llama-cpp-python's CUDA wheel from the stripped sdist (python -m engine.bench_peer.build SDIST
 #   .peer/llama-stripped.tar.gz, here), whose pieces come back in $OUT/peer; copy them to .peer/wheel, then
@@ -193,6 +196,29 @@ mtp)  # issue 28 item 6: speculation tests on one card and over three logical ca
         --json "$RES/$DAY-h200-mtp-9b.json"
     wait
     echo "mtp-9b: $(cat "$RES/mtp-9b.rc") ($SECONDS s)"; tail -5 "$RES/mtp-9b.log" ;;
+q8-sweep)  # after a change to the Q8_0 GEMV variants or the decode mixers: their GPU tests (the slow sampled-
+           # distribution checks left out), every width's sweep, then the 9B Q8_0 bench (one and several streams,
+           # the MTP rounds) with the sweeps' choices in place (tests/gpu/bench_q8_choice.py)
+    setup
+    job kernel-tests 150 python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 14 --timeout 120 -p no:benchmark \
+        -k 'not keeps_the_token_distribution' tests/gpu/test_gemv.py tests/gpu/test_gdn.py tests/gpu/test_mtp_gpu.py \
+        tests/gpu/test_slot_batch.py tests/gpu/test_pipeline_speculation.py
+    wait
+    echo "kernel-tests: $(cat "$RES/kernel-tests.rc") ($SECONDS s)"; tail -3 "$RES/kernel-tests.log"
+    sweeps=()
+    for t in 1 2 3 4 5 6 7 8; do
+        job "sweep-t$t" 60 python3 -m engine.cli bench --synthetic 9b --gemv-sweep $t \
+            --json "$RES/$DAY-h200-gemv-sweep-9b-t$t.json"
+        wait
+        sweeps+=("$RES/$DAY-h200-gemv-sweep-9b-t$t.json")
+        echo "sweep-t$t: $(cat "$RES/sweep-t$t.rc") ($SECONDS s)"
+    done
+    job bench-9b-q8_0 $(($(left) - 5)) python3 tests/gpu/bench_q8_choice.py "${sweeps[@]}" -- bench --synthetic 9b \
+        --weights q8_0 --prompts 512 --depths 512 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
+    wait
+    echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep "^T=" "$RES/bench-9b-q8_0.log"
+    grep -A2 "^depth" "$RES/bench-9b-q8_0.log"; grep -A5 "^streams at" "$RES/bench-9b-q8_0.log"
+    grep -A4 "^decode step at" "$RES/bench-9b-q8_0.log"; grep -A4 "^batched step" "$RES/bench-9b-q8_0.log" ;;
 serve)  # issue 28's serve check: the 9B Q8_0 bench (its concurrent_streams), then the same stream counts through
         # `rigllm serve` and the openai client on the synthetic 9B GGUF (engine.bench_peer.serve_streams), the ratio last
     setup

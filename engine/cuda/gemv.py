@@ -95,37 +95,36 @@ GEMV_VARIANTS = {
         "gemv_q8_t8_r4_u1_p": GemvLaunch(4, 128),
     },
 }
-# Chosen by `gemv_sweep` on the H200 (2026-11-30): T = 1 (…-gemv-sweep.json) 2293 us of GEMV per 9B decode
-# token against 2417 us for the first setting (r2_u4); T = 2 (…-gemv-sweep-t2.json) the plain kernel, 2404 us
-# per 2-token step (1.05x one token) against 2479-2830 us for the others; T = 3 (…-s4-gemv-sweep-t3.json)
-# r2_u4, 2550 us per 3-token step, level with r1_u4 (2555) and 7% under the plain kernel (2735). Re-run the
-# sweep on the target card: Volta's register file and SM count may rank them differently.
-# T = 4..8 from `rigllm bench --synthetic 9b --gemv-sweep T` on the H200, 2026-12-03 (commits 5fbb707, b053bf3), µs
-# of GEMV per 9B step against the old default: T=4 2,678 vs 3,035; T=5 2,690 vs 2,910; T=6 2,934 vs 3,719;
-# T=7 2,989 vs 3,073; T=8 3,802 vs 4,024 (tests/gpu/results/2026-12-03-h200-s9-gemv-sweep-9b-t*.json)
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u2", 2: "gemv_q8_t2", 3: "gemv_q8_t3_r2_u4", 4: "gemv_q8_t4_r2_u4",
-                5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r2_u1"}
-# Per matrix shape (tokens, rows, k) where the width's sweep on the current kernels measured another variant at
-# least SHAPE_GAIN faster than DEFAULT_GEMV on that matrix (the 9B's matrices, H200, 2026-12-03,
-# tests/gpu/results/2026-12-03-h200-s11-gemv-sweep-9b-t{1..3}.json and -s9-gemv-sweep-9b-t{4..8}.json;
-# tests/unit/test_gemv_shapes.py holds each entry to its sweep). Every variant computes the same sums, so
-# outputs do not change. GB/s, default -> chosen: T=1 gdn_out and attn_out (4096 x 4096) 2,589 -> 2,686;
-# T=2 attn_in 3,075 -> 3,401; T=4 gdn_in 2,920 -> 3,261, attn_in 2,817 -> 2,990; T=6 gdn_in 2,616 -> 2,920;
-# T=7 gdn_in 2,566 -> 2,680, ffn_gate_up 2,989 -> 3,112, lm_head 3,252 -> 3,578; T=8 gdn_in 1,864 -> 2,508.
-# The sweeps predicted GEMV per 9B 8-token step 3,798 -> 3,620 us; timed inside the batched step it went
-# 3,349 -> 3,328 us (s9b and s11 bench JSONs): a sweep times each matrix alone, out of the step's L2 and
-# launch context, so its gains are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV.
+# DEFAULT_GEMV[T]: the variant with the least GEMV time over a whole 9B step of the width's sweep (the rule of
+# engine.cuda.bench.gemv_choice); SHAPE_GEMV: per matrix shape (tokens, rows, k), the variant that sweep measured
+# at least SHAPE_GAIN faster than that default on the shape's matrices. Both from `rigllm bench --synthetic 9b
+# --gemv-sweep T` on the H200, 2026-12-03, kernels of c665b9c (tests/gpu/results/2026-12-03-h200-s11b-gemv-
+# sweep-9b-t{1..8}.json); tests/unit/test_gemv_shapes.py holds both tables to those files. Every variant computes
+# the same sums, so outputs do not change. µs of GEMV per 9B step, default before -> now: T=1 2,290 -> 2,280
+# (r4_u1_p), T=2 2,399 -> 2,320 (r2_u1_p), T=3 2,557 -> 2,506 (r2_u2_p), T=8 3,331 -> 3,218 (r4_u2); T=4..7
+# unchanged. A sweep times each matrix alone, out of the step's L2 and launch context, and varies by a few
+# percent between runs, so its gains are upper bounds: timed inside whole steps (…-s11b-bench-9b-q8_0.json
+# against …-s11-bench-9b-q8_0.json) one-token GEMV went 2,331 -> 2,300 us and 8-token 3,328 -> 3,364 us, and the
+# 2-token verify of an MTP round spends 16 us more on GEMVs than a decode step, against 83 before
+# (…-s11b-mtp-9b.json, …-s11-mtp-9b.json). Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the sweeps on the
+# target card: Volta's register file and SM count may rank the variants differently.
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u1_p", 2: "gemv_q8_t2_r2_u1_p", 3: "gemv_q8_t3_r2_u2_p", 4: "gemv_q8_t4_r2_u4",
+                5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r4_u2"}
 SHAPE_GAIN = 1.03
 SHAPE_GEMV: dict[tuple[int, int, int], str] = {
-    (1, 4096, 4096): "gemv_q8_t1_r1_u2",
-    (2, 10240, 4096): "gemv_q8_t2_r4_u2",
+    (1, 12352, 4096): "gemv_q8_t1_r4_u2",
+    (2, 10240, 4096): "gemv_q8_t2_r4_u1_p",
+    (3, 248320, 4096): "gemv_q8_t3_r1_u4",
     (4, 12352, 4096): "gemv_q8_t4_r8_u1",
-    (4, 10240, 4096): "gemv_q8_t4_r8_u1",
+    (4, 10240, 4096): "gemv_q8_t4_r4_u1_p",
     (6, 12352, 4096): "gemv_q8_t6_r2_u1",
+    (6, 248320, 4096): "gemv_q8_t6",
     (7, 12352, 4096): "gemv_q8_t7_r2_u1",
     (7, 24576, 4096): "gemv_q8_t7",
     (7, 248320, 4096): "gemv_q8_t7",
-    (8, 12352, 4096): "gemv_q8_t8",
+    (8, 10240, 4096): "gemv_q8_t8_r2_u1_p",
+    (8, 24576, 4096): "gemv_q8_t8",
+    (8, 248320, 4096): "gemv_q8_t8",
 }
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256

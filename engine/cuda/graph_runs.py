@@ -3,23 +3,38 @@
 Capturing executes nothing, so a piece's kernels must have been loaded by an eager launch first: a key's
 work runs eagerly the first time, is captured the second and replayed from then on. The key names what
 the work bakes into its launches (the slot, the owed rows, the accepted count...).
+
+The graphs are bounded (issue 28: a card's graph count must not grow with the slots that ever speculated):
+one GraphRuns per card, shared by its StageVerifier and CudaSpeculator, keeps MAX_GRAPHS, the least recently
+replayed released first. Speculation runs for one slot at a time (a request decoding alone). In steady
+speculation at K <= 2 that slot replays at most 10 graphs on a card: per mode (greedy, sampled) a round or
+draft graph for each of 1..K+1 owed rows and a decision, plus a commit per rejected-draft count; so a bound
+of 16 evicts what a slot that stopped speculating left (or a rare owed-row count after batched steps).
+With the card's 8 decode graphs (one per batch width) that keeps a card at 24 graphs at most: 8 batch widths
+x 3 verify widths (1 to 3 rows).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from engine.cuda.driver import CudaCard
 from engine.cuda.graphs import CapturedGraph
 
+MAX_GRAPHS = 16
+
 
 class GraphRuns:
-    """One card's graphs of repeated work, by key."""
+    """One card's graphs of repeated work, by key, at most `capacity` of them."""
 
-    def __init__(self, card: CudaCard, label: str):
-        self.card, self.label = card, label
-        self._graphs: dict[Hashable, CapturedGraph] = {}
+    def __init__(self, card: CudaCard, label: str, capacity: int = MAX_GRAPHS):
+        self.card, self.label, self.capacity = card, label, capacity
+        self._graphs: OrderedDict[Hashable, CapturedGraph] = OrderedDict()  # least recently replayed first
         self._seen: set[Hashable] = set()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
 
     def run(self, key: Hashable, work: Callable[[], None]) -> None:
         """Run `work` eagerly the first time (that loads its kernels), capture it the second, replay it after."""
@@ -32,4 +47,9 @@ class GraphRuns:
             with self.card.capture(f"{self.label} {key}") as graph:
                 work()
             self._graphs[key] = graph
+            while len(self._graphs) > self.capacity:
+                # an evicted graph still queued on the stream is freed by the driver once it has run
+                self.card.release_graph(self._graphs.popitem(last=False)[1])
+        else:
+            self._graphs.move_to_end(key)
         self.card.replay(graph)

@@ -41,7 +41,6 @@ import numpy as np
 from engine.cuda.driver import DeviceBuffer
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gdn import GdnRing
-from engine.cuda.graph_runs import GraphRuns
 from engine.cuda.mtp import OWED_ROWS, MtpCache, MtpHead
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
@@ -93,7 +92,7 @@ class CudaSpeculator:
         self.stats = SpeculationStats()
         self._requests: dict[int, bool] = {}  # slot → greedy (the arg-max rounds) or sampled (the card's rule)
         self._drafted: tuple[int, int] | None = None  # (slot, owed rows) of a pipeline round between draft and decide
-        self.graphs = GraphRuns(self.card, "mtp")
+        self.graphs = verifier.graphs  # one bounded set of speculation graphs per card (engine.cuda.graph_runs)
 
     @property
     def rings(self) -> list[dict[int, GdnRing]]:

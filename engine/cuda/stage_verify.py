@@ -30,7 +30,7 @@ class StageVerifier:
             {i: alloc_gdn_ring(self.card, state, draft_tokens, f"slot{s}.ring{i}") for i, state in seq.gdn.items()}
             for s, seq in enumerate(seqs)
         ]
-        self.graphs = GraphRuns(self.card, "verify")
+        self.graphs = GraphRuns(self.card, "speculation")  # the card's CudaSpeculator replays its pieces here too
         self._host = self.card.pinned(2 + draft_tokens + 1, np.int32)  # [pos, n], then the tokens (first card)
 
     def verify_part(self, slot: int, tokens: Sequence[int], hidden: np.ndarray | None, out: np.ndarray) -> np.ndarray:

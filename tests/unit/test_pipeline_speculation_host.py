@@ -40,6 +40,7 @@ def test_the_head_goes_on_the_last_card_with_its_own_embedding(fixture):
         decoders = [st.decoder for st in gpu.stages]
         assert [d.speculator is not None for d in decoders] == [False, False, True]
         assert all(d.verifier is not None for d in decoders)  # every card rolls its own GDN layers back
+        assert decoders[-1].speculator.graphs is decoders[-1].verifier.graphs  # one bounded set per card
         head = decoders[-1].speculator.head
         assert decoders[-1].fwd.w.token_embd is None and head.w.embedding is not None
         assert gpu.plan.with_mtp and gpu.rounds is not None

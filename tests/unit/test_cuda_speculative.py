@@ -249,3 +249,34 @@ def test_the_backend_loads_the_head_unless_told_not_to(fixture):
     assert len(tokens) == 7 and gpu.speculation_stats.rounds == 2  # 1 + 3 + 3 tokens: the first pick, two rounds
     plain = CudaBackend(fixture, context=64, chunk=16, speculative=False, card_factory=FakeCard)
     assert not plain.plan.with_mtp and plain.speculation_stats is None
+
+
+def test_a_card_keeps_at_most_widths_times_verify_widths_graphs(fixture):
+    """Issue 28: the graphs of speculation pieces are keyed by slot, so without a bound every slot that ever
+    speculated would leave its own on the card; eight slots speculating in turn, greedy and sampled, leave at
+    most MAX_GRAPHS of them beside the decode graphs (one per batch width): 8 widths x 3 verify widths."""
+    from engine.cuda.graph_runs import MAX_GRAPHS
+
+    k = 2
+    card, dec = decoder(fixture, k, slots=8)
+    spec = dec.speculator
+    sampled = SamplingParams(temperature=0.7, top_p=0.9, seed=1)
+    drafts = list(range(30, 30 + k))
+    outcomes = {  # what each kind of round "computed" (the stand-in card runs no kernel): all accepted, none
+        True: [(spec.picks, drafts + drafts + [40]), (spec.picks, [50] * k + [60] * (k + 1))],
+        False: [(spec.rule.out, drafts + drafts + [40] + [3, k, k + 1, 0]),
+                (spec.rule.out, drafts + [50] + [-1] * k + [3, 0, 1, 0])],
+    }
+    for slot in range(8):
+        greedy = slot % 2 == 1
+        dec.prefill_slot(slot, [1, 2, 3])
+        dec.begin(slot, SlotRequest(GREEDY if greedy else sampled, [1, 2, 3]))
+        assert spec.speculating(slot)
+        for round_ in range(6):  # each owed-row count eager, captured, replayed
+            buffer, values = outcomes[greedy][round_ % 2]
+            buffer.upload(np.asarray(values, np.int32))
+            dec.step({slot: 5})
+        dec.reset_slot(slot)
+    assert spec.stats.rounds == 48
+    assert len(dec.verifier.graphs) == MAX_GRAPHS  # slots that stopped speculating were evicted
+    assert len(card.graphs) <= 8 * 3

@@ -7,7 +7,8 @@ allowed: llguidance's layout, engine.generation.token_mask). At the 248,320-toke
 more than a step may move (≤ 8 KB per token), but a grammar's masks repeat: inside a JSON string, after a
 key, inside a number, the same few sets come back again and again. So the card keeps a pool of recent masks
 keyed by their content (`MaskPool`): a step uploads a mask only the first time it is seen (or after it was
-evicted) and otherwise only its pool entry, one int in the step buffer the decoder uploads anyway.
+evicted) and otherwise only its pool entry, one int in the step buffer the decoder uploads anyway. A mask
+that is uploaded moves only the span of words where it differs from what its entry held before.
 
 A request's logit_bias is constant, at most MAX_LOGIT_BIAS ids (OpenAI's limit; RIGLLM_MAX_LOGIT_BIAS in
 sampling.cuh): one `LogitBias` record per slot, written when the request begins.
@@ -97,11 +98,19 @@ class MaskPool:
             entry = self._free.pop() if self._free else self._entries.popitem(last=False)[1]
         self._entries[key] = entry  # the most recent now
         row = self._staging[entry]
-        if np.array_equal(row[: words.size], words) and not row[words.size :].any():
+        changed = np.flatnonzero(row[: words.size] != words)
+        past = np.flatnonzero(row[words.size :])  # words this mask leaves out (disallowed) that the entry has set
+        if not changed.size and not past.size:
             return entry  # the card holds it already
+        first = int(changed[0]) if changed.size else words.size + int(past[0])
+        last = words.size + int(past[-1]) if past.size else int(changed[-1])
         row[: words.size] = words
         row[words.size :] = 0
-        self.buffer.view(4 * self.words * entry, 4 * self.words).upload_async(row, stream)
+        # only the words from the first to the last that differ from what the entry held: never more than the
+        # whole row, less when the two masks differ in part of the vocabulary only (two states that allow a few
+        # ids each, both low in the vocabulary); masks that differ all over it still move their 31 KB
+        self.buffer.view(4 * (self.words * entry + first), 4 * (last + 1 - first)).upload_async(
+            row[first : last + 1], stream)
         self.uploads += 1
-        self.uploaded_bytes += row.nbytes
+        self.uploaded_bytes += 4 * (last + 1 - first)
         return entry

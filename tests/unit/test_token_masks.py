@@ -73,12 +73,44 @@ def test_mask_pool_uploads_a_mask_once_and_evicts_the_least_recent():
     eb = pool.entry(b)
     assert eb != ea and pool.uploads == 2
     pool.entry(a)  # a is now the most recent: c takes b's entry
-    assert pool.entry(c) == eb and pool.uploads == 3 and pool.uploaded_bytes == 3 * 4 * pool.words
+    assert pool.entry(c) == eb and pool.uploads == 3
     stored = pool.buffer.download(np.uint32, (2, pool.words))
     assert np.array_equal(stored[ea], a) and np.array_equal(stored[eb], c)
     short = only_token(3, 64)  # fewer words than the pool's: the rest of the entry is cleared
     e = pool.entry(short)
     assert pool.buffer.download(np.uint32, (2, pool.words))[e, 2:].sum() == 0
+
+
+def test_an_upload_moves_only_the_span_where_the_entry_changes():
+    """A mask replacing an evicted one sends the words from the first to the last that differ (and a first
+    upload, over zeros, from its first to its last set word); the entry always ends up holding the mask."""
+    card = FakeCard()
+    pool = MaskPool(card, VOCAB, entries=1)
+    structural = mask_of(np.isin(np.arange(VOCAB), [40, 41, 90]))  # a few low ids: words 1 and 2
+    pool.entry(structural)
+    assert pool.uploaded_bytes == 4 * 2
+    other = mask_of(np.isin(np.arange(VOCAB), [41, 150]))  # evicts it; differs in words 1, 2 and 4
+    pool.entry(other)
+    assert pool.uploaded_bytes == 4 * 2 + 4 * 4
+    assert np.array_equal(pool.buffer.download(np.uint32, pool.words), other)
+    short = only_token(3, 64)  # clears words 1 and 4 past its own two: the span reaches word 4
+    before = pool.uploaded_bytes
+    pool.entry(short)
+    assert pool.uploaded_bytes - before == 4 * 5
+    held = pool.buffer.download(np.uint32, pool.words)
+    assert held[:2].tolist() == short.tolist() and not held[2:].any()
+
+
+def test_the_pool_holds_every_mask_it_names_through_many_evictions():
+    card = FakeCard()
+    pool = MaskPool(card, VOCAB, entries=3)
+    rng = np.random.default_rng(7)
+    masks = [mask_of((rng.random(VOCAB) < 0.5) & (np.arange(VOCAB) >= rng.integers(0, VOCAB))) for _ in range(6)]
+    full = pool.uploaded_bytes
+    for i in rng.integers(0, len(masks), 60):
+        e = pool.entry(masks[i])
+        assert np.array_equal(pool.buffer.download(np.uint32, (3, pool.words))[e], masks[i])
+    assert pool.uploaded_bytes - full < pool.uploads * 4 * pool.words  # spans, not whole rows
 
 
 @pytest.fixture(scope="module")

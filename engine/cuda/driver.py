@@ -506,6 +506,11 @@ class CudaCard:
         graph.close()
         self._graphs.remove(graph)
 
+    @property
+    def graph_count(self) -> int:
+        """Graphs the card holds now (issue 28 bounds them: at most 8 batch widths x 3 verify widths)."""
+        return len(self._graphs)
+
     def replay(self, graph: CapturedGraph, stream: Stream | None = None) -> None:
         self._check_thread()
         graph.launch((stream or self.stream).handle)

@@ -149,6 +149,10 @@ class FakeCard:
         graph.close()
         self.graphs.remove(graph)
 
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
     def replay(self, graph: FakeGraph, stream: Any = None) -> None:
         self.launches.append(("<replay>", None, None, 0))
 

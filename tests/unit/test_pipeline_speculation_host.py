@@ -128,6 +128,7 @@ def test_the_bench_driver_runs_and_projects(monkeypatch):
     assert set(r["draft_tokens"]) == {1, 2}
     for k, d in r["draft_tokens"].items():
         assert d["rounds"] > 0 and d["identical_to_plain"]  # the stand-in card's picks never change
+        assert len(d["graphs_per_card"]) == 3 and all(0 < n <= 8 * 3 for n in d["graphs_per_card"])
         assert d["projection"]["tokens_per_round"] == pytest.approx(1 + sum(0.9**i for i in range(1, k + 1)))
     assert "PROJECTED" in pipeline_mtp.render_pipeline_mtp(r)
 

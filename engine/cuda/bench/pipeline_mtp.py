@@ -8,7 +8,8 @@ card, which also holds its own copy of the embedding), slot 0 after a prompt of 
   the host, the verify through every card with one hop per boundary, the rule, the commits), and whether
   the two token streams are identical (random weights accept almost no draft, so this checks the verify's
   row 0 and the rollback; tests/gpu/test_pipeline_speculation.py checks acceptances bit for bit);
-- the measured hop of K+1 rows, and the CMP Gen1 x1 model of that hop (engine.cuda.bench.pipeline_bench).
+- the measured hop of K+1 rows, and the CMP Gen1 x1 model of that hop (engine.cuda.bench.pipeline_bench);
+- the graphs each card holds at the end (its decode graphs and its bounded speculation graphs).
 
 The speed-up at a per-draft acceptance a is tokens_per_round(a, K) x plain step / round, labelled a
 projection: a random head's acceptance says nothing, so a is measured elsewhere (the trained fixture's).
@@ -84,6 +85,7 @@ def run_pipeline_mtp_bench(cfg: ModelConfig, shape: str, n_cards: int, devices: 
                 "identical_to_plain": spec == plain, "first_difference": _first_difference(spec, plain),
                 "hop_seconds_verify_rows": pipe.hop_seconds(k + 1) if n_cards > 1 else None,
                 "cmp_hop_model_seconds_verify_rows": cmp_hop_seconds(k + 1, cfg.d_model),
+                "graphs_per_card": [st.card.graph_count for st in pipe.stages],  # decode and speculation graphs
             }
             if acceptance is not None:
                 per_round = tokens_per_round(acceptance, k)
@@ -124,6 +126,7 @@ def render_pipeline_mtp(r: dict[str, Any]) -> str:
                 f"identical to plain: {d['identical_to_plain']}")
         if hop is not None:
             line += f"; hop of {k + 1} rows {hop * 1e6:.0f} us measured"
+        line += f"; graphs per card {'/'.join(str(n) for n in d['graphs_per_card'])}"
         p = d.get("projection")
         if p:
             line += (f"; PROJECTED at acceptance {p['acceptance']:.0%}: {p['tokens_per_round']:.2f} tokens per round, "

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-Q8_0_BYTES_PER_VALUE = 34 / 32  # 32 int8 and one fp16 scale per 32 values
+from gguf import GGMLQuantizationType
+
+from engine.gguf.tensor_types import tensor_nbytes
 
 
 def shape_times(sweep: dict[str, Any]) -> dict[tuple[int, int], dict[str, float]]:
@@ -19,7 +21,7 @@ def shape_times(sweep: dict[str, Any]) -> dict[tuple[int, int], dict[str, float]
     shape (gdn_out and attn_out) add up, since one table entry serves them all."""
     times: dict[tuple[int, int], dict[str, float]] = {}
     for m in sweep["matrices"]:
-        nbytes = m["rows"] * m["k"] * Q8_0_BYTES_PER_VALUE
+        nbytes = tensor_nbytes((m["rows"], m["k"]), GGMLQuantizationType.Q8_0)
         per_shape = times.setdefault((m["rows"], m["k"]), {})
         for variant, gbps in m["gb_per_s"].items():
             per_shape[variant] = per_shape.get(variant, 0.0) + m["count_per_token"] * nbytes / gbps / 1e3

@@ -143,7 +143,7 @@ __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) isum[h][i][j] = 0;
+                    for (int j = 0; j < 4; ++j) isum[h][i][j] = rigllm::DOT_FLOAT_BIAS;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int col = blk * 32 + half * 16;
@@ -178,8 +178,8 @@ __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w
             for (int i = 0; i < 4; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    float v = ws[0][i] * (float)isum[0][i][j];
-                    if (HALVES == 2) v = fmaf(ws[HALVES - 1][i], (float)isum[HALVES - 1][i][j], v);
+                    float v = ws[0][i] * rigllm::biased_dot_to_float(isum[0][i][j]);
+                    if (HALVES == 2) v = fmaf(ws[HALVES - 1][i], rigllm::biased_dot_to_float(isum[HALVES - 1][i][j]), v);
                     if (Q::HAS_MIN) v = fmaf(-wm[i], xsum[j], v);
                     acc[i][j] = fmaf(xv[j], v, acc[i][j]);
                 }

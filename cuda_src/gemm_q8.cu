@@ -27,7 +27,7 @@
 // scales as floats laid out [block][lane][i] so a thread fetches its 4 scales with one 16-byte load.
 // Inside a block each thread runs a 4 x 4 x 8 DP4A outer product into int32 (operands fetched as
 // 16-byte vectors: 8 LDS.128 feed 64 DP4A), then folds the block into fp32:
-// acc += float(int_sum) * (d_w * d_x). Volta has no cp.async, so there is no software pipelining:
+// acc += float(int_sum) * (d_w * d_x), the float read off the DP4A chain's bits (common.cuh DOT_FLOAT_BIAS). Volta has no cp.async, so there is no software pipelining:
 // two to three resident CTAs per SM overlap one CTA's loads with another's DP4A work.
 //
 // Tails are predicated in the same kernel: rows past `rows`, tokens past `T` and blocks past K/32 are
@@ -138,7 +138,7 @@ gemm_q8_0_q8_1(const signed char* __restrict__ qs, const __half* __restrict__ dw
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) isum[i][j] = 0;
+                for (int j = 0; j < 4; ++j) isum[i][j] = rigllm::DOT_FLOAT_BIAS;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int col = blk * 32 + half * 16;
@@ -160,7 +160,7 @@ gemm_q8_0_q8_1(const signed char* __restrict__ qs, const __half* __restrict__ dw
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += (float)isum[i][j] * (wv[i] * xv[j]);
+                for (int j = 0; j < 4; ++j) acc[i][j] += rigllm::biased_dot_to_float(isum[i][j]) * (wv[i] * xv[j]);
         }
         __syncthreads();
     }

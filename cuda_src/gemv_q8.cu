@@ -107,9 +107,10 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
                         const float dx = __ldg(xdp + t * n_blocks + 16 * u);
 #pragma unroll
                         for (int r = 0; r < R; ++r) {
-                            const int dot = rigllm::dot_int8x16(w[u][r], xv, 0);
+                            const float dot = rigllm::biased_dot_to_float(
+                                rigllm::dot_int8x16(w[u][r], xv, rigllm::DOT_FLOAT_BIAS));
                             const float dw = __half2float(__ushort_as_half(dh[u][r]));
-                            acc[r][t] = fmaf((float)dot, dw * dx, acc[r][t]);
+                            acc[r][t] = fmaf(dot, dw * dx, acc[r][t]);
                         }
                     }
                 }
@@ -177,7 +178,7 @@ RIGLLM_GEMV_Q8_VARIANT(2, r1_u8, 1, 8, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(2, r4_u1, 4, 1, 128, 7)
 // T = 3 (a two-draft verify): each weight word meets three activation words, so more rows per warp share
 // those L1 loads (R = 4 halves them per weight load against R = 2).
-RIGLLM_GEMV_Q8_VARIANT(3, r4_u1, 4, 1, 128, 6)
+RIGLLM_GEMV_Q8_VARIANT(3, r4_u1, 4, 1, 128, 5)
 RIGLLM_GEMV_Q8_VARIANT(3, r4_u2, 4, 2, 128, 4)
 RIGLLM_GEMV_Q8_VARIANT(3, r1_u4, 1, 4, 128, 7)
 RIGLLM_GEMV_Q8_VARIANT(3, r1_u8, 1, 8, 128, 6)

@@ -98,33 +98,37 @@ GEMV_VARIANTS = {
 # DEFAULT_GEMV[T]: the variant with the least GEMV time over a whole 9B step of the width's sweep (the rule of
 # engine.cuda.bench.gemv_choice); SHAPE_GEMV: per matrix shape (tokens, rows, k), the variant that sweep measured
 # at least SHAPE_GAIN faster than that default on the shape's matrices. Both from `rigllm bench --synthetic 9b
-# --gemv-sweep T` on the H200, 2026-12-03, kernels of c665b9c (tests/gpu/results/2026-12-03-h200-s11b-gemv-
-# sweep-9b-t{1..8}.json); tests/unit/test_gemv_shapes.py holds both tables to those files. Every variant computes
-# the same sums, so outputs do not change. µs of GEMV per 9B step, default before -> now: T=1 2,290 -> 2,280
-# (r4_u1_p), T=2 2,399 -> 2,320 (r2_u1_p), T=3 2,557 -> 2,506 (r2_u2_p), T=8 3,331 -> 3,218 (r4_u2); T=4..7
-# unchanged. A sweep times each matrix alone, out of the step's L2 and launch context, and varies by a few
-# percent between runs, so its gains are upper bounds: timed inside whole steps (…-s11b-bench-9b-q8_0.json
-# against …-s11-bench-9b-q8_0.json) one-token GEMV went 2,331 -> 2,300 us and 8-token 3,328 -> 3,364 us, and the
-# 2-token verify of an MTP round spends 16 us more on GEMVs than a decode step, against 83 before
-# (…-s11b-mtp-9b.json, …-s11-mtp-9b.json). Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the sweeps on the
-# target card: Volta's register file and SM count may rank the variants differently.
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u1_p", 2: "gemv_q8_t2_r2_u1_p", 3: "gemv_q8_t3_r2_u2_p", 4: "gemv_q8_t4_r2_u4",
-                5: "gemv_q8_t5_r2_u2", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u2", 8: "gemv_q8_t8_r4_u2"}
+# --gemv-sweep T` on the H200, 2026-12-03, on the kernels that read DP4A sums as floats without I2F and reduce by
+# reduce-scatter (tests/gpu/results/2026-12-03-h200-s12b-gemv-sweep-9b-t{1..8}.json); tests/unit/test_gemv_shapes.py
+# holds both tables to those files. Every variant computes the same sums, so outputs do not change. Timed inside
+# whole steps in one call against the base commit's kernels and tables (…-s12b-bench-9b-q8_0-{new,base}.json):
+# one-token GEMVs 2,272 -> 2,238 us a step, eight-token GEMVs 3,352 -> 2,969 us. A sweep times each matrix
+# alone, out of the step's L2 and launch context, and varies by a few percent between runs, so its per-shape gains
+# are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the sweeps on the target card: Volta's
+# register file and SM count may rank the variants differently.
+DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u1_p", 2: "gemv_q8_t2_r2_u1_p", 3: "gemv_q8_t3_r2_u2_p", 4: "gemv_q8_t4_r2_u1_p",
+                5: "gemv_q8_t5_r2_u1", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u1", 8: "gemv_q8_t8_r4_u2"}
 SHAPE_GAIN = 1.03
 SHAPE_GEMV: dict[tuple[int, int, int], str] = {
     (1, 12352, 4096): "gemv_q8_t1_r4_u2",
-    (2, 10240, 4096): "gemv_q8_t2_r4_u1_p",
-    (3, 248320, 4096): "gemv_q8_t3_r1_u4",
+    (2, 12352, 4096): "gemv_q8_t2_r4_u1",
+    (2, 10240, 4096): "gemv_q8_t2_r4_u2",
+    (3, 10240, 4096): "gemv_q8_t3_r4_u1",
+    (3, 24576, 4096): "gemv_q8_t3_r4_u2",
     (4, 12352, 4096): "gemv_q8_t4_r8_u1",
     (4, 10240, 4096): "gemv_q8_t4_r4_u1_p",
+    (4, 24576, 4096): "gemv_q8_t4_r8_u1",
+    (4, 248320, 4096): "gemv_q8_t4_r2_u4",
+    (5, 4096, 12288): "gemv_q8_t5_r2_u2",
+    (5, 248320, 4096): "gemv_q8_t5_r2_u2",
     (6, 12352, 4096): "gemv_q8_t6_r2_u1",
-    (6, 248320, 4096): "gemv_q8_t6",
-    (7, 12352, 4096): "gemv_q8_t7_r2_u1",
+    (6, 24576, 4096): "gemv_q8_t6",
+    (7, 10240, 4096): "gemv_q8_t7_r2_u1_p",
     (7, 24576, 4096): "gemv_q8_t7",
+    (7, 4096, 12288): "gemv_q8_t7_r2_u1_p",
     (7, 248320, 4096): "gemv_q8_t7",
-    (8, 10240, 4096): "gemv_q8_t8_r2_u1_p",
+    (8, 10240, 4096): "gemv_q8_t8_r2_u1",
     (8, 24576, 4096): "gemv_q8_t8",
-    (8, 248320, 4096): "gemv_q8_t8",
 }
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256

@@ -9,6 +9,9 @@
 #   call 3: bash tests/gpu/run_h200_session.sh check     carry [".whl-gpu"]   (pycuda recipe + bundle + kernels)
 #   or:     bash tests/gpu/run_h200_session.sh kq        carry [".kbz", ".whl"] (K-quant GEMV tests, sweeps, benches)
 #   or:     bash tests/gpu/run_h200_session.sh focus tests/gpu/test_x.py ...   carry [".kbz", ".whl"]
+#   or:     RIGLLM_BASE_COMMIT=abc1234 bash tests/gpu/run_h200_session.sh ab 1 8   carry [".kbz", ".whl"]   (a
+#           bit-identical kernel change: tests, the named widths' GEMV sweeps, then the 9B bench on the new tree
+#           and on the base tree in one call)
 #   or:     bash tests/gpu/run_h200_session.sh serve     carry [".kbz", ".whl"]   (bench streams vs rigllm serve)
 #   or:     bash tests/gpu/run_h200_session.sh mtp       carry [".kbz", ".whl"]   (speculation, one card and three)
 #   or:     bash tests/gpu/run_h200_session.sh q8-sweep  carry [".kbz", ".whl"]   (new Q8_0 GEMV/GDN kernels: their
@@ -219,6 +222,43 @@ q8-sweep)  # after a change to the Q8_0 GEMV variants or the decode mixers: thei
     echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep "^T=" "$RES/bench-9b-q8_0.log"
     grep -A2 "^depth" "$RES/bench-9b-q8_0.log"; grep -A5 "^streams at" "$RES/bench-9b-q8_0.log"
     grep -A4 "^decode step at" "$RES/bench-9b-q8_0.log"; grep -A4 "^batched step" "$RES/bench-9b-q8_0.log" ;;
+ab)  # a kernel change that keeps every output bit (the same sums, fewer instructions): the changed kernels' GPU tests
+    # on the new build and the GEMV sweeps of the widths named after `ab`; then the 9B Q8_0 bench with those sweeps'
+    # choices (tests/gpu/bench_q8_choice.py) and the base commit's bench in the same call, so both are timed in one
+    # machine state. The base runs from its own tree, .kbz/base-tree.tar.xz (`git archive BASE engine cuda_src`),
+    # with its build .kbz/kbuild-base.tar.xz (`rigllm build-kernels --arch 90` in a worktree of BASE): a prebuilt
+    # image is used only when its source hash matches the tree it runs from.
+    setup
+    shift
+    job kernel-tests 240 python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 14 --timeout 150 -p no:benchmark \
+        -k 'not keeps_the_token_distribution' tests/gpu/test_gemv.py tests/gpu/test_gemm.py \
+        tests/gpu/test_kquant_kernels.py tests/gpu/test_slots.py tests/gpu/test_teeth_batches.py tests/gpu/test_mtp_gpu.py
+    wait
+    echo "kernel-tests: $(cat "$RES/kernel-tests.rc") ($SECONDS s)"; tail -3 "$RES/kernel-tests.log"
+    sweeps=()
+    for t in "$@"; do
+        job "sweep-t$t" 60 python3 -m engine.cli bench --synthetic 9b --gemv-sweep "$t" \
+            --json "$RES/$DAY-h200-gemv-sweep-9b-t$t.json"
+        wait
+        sweeps+=("$RES/$DAY-h200-gemv-sweep-9b-t$t.json")
+        echo "sweep-t$t: $(cat "$RES/sweep-t$t.rc") ($SECONDS s)"; head -4 "$RES/sweep-t$t.log" | tail -3
+    done
+    base=/tmp/rigllm-base
+    rm -rf "$base" && mkdir -p "$base/.kbuild" && tar -C "$base" -xJf .kbz/base-tree.tar.xz \
+        && tar -C "$base/.kbuild" -xJf .kbz/kbuild-base.tar.xz
+    bench=(bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512)
+    job bench-9b-q8_0-new 150 python3 tests/gpu/bench_q8_choice.py "${sweeps[@]}" -- "${bench[@]}" \
+        --json "$RES/$DAY-h200-bench-9b-q8_0-new.json"
+    wait
+    # the base's logs and JSON name the base commit (RIGLLM_BASE_COMMIT), not this call's
+    ( cd "$base" && COMMIT=${RIGLLM_BASE_COMMIT:-base} && PYTHONPATH="/tmp/rigllm-site:$base" \
+      RIGLLM_KERNEL_DIR="$base/.kbuild" RIGLLM_COMMIT="$COMMIT" \
+      job bench-9b-q8_0-base 150 python3 -m engine.cli "${bench[@]}" --json "$RES/$DAY-h200-bench-9b-q8_0-base.json"; wait )
+    for side in new base; do
+        echo "bench-9b-q8_0-$side: $(cat "$RES/bench-9b-q8_0-$side.rc") ($SECONDS s)"
+        grep -E "^prefill|^depth|^   512|^      [1248] " "$RES/bench-9b-q8_0-$side.log"
+        grep -A3 -E "^decode step at|^batched step" "$RES/bench-9b-q8_0-$side.log"
+    done ;;
 serve)  # issue 28's serve check: the 9B Q8_0 bench (its concurrent_streams), then the same stream counts through
         # `rigllm serve` and the openai client on the synthetic 9B GGUF (engine.bench_peer.serve_streams), the ratio last
     setup

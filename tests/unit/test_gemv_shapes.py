@@ -16,7 +16,7 @@ from engine.cuda.gemv import (DEFAULT_GEMV, GEMV_VARIANTS, SHAPE_GAIN, SHAPE_GEM
 from fake_card import FakeCard
 
 RESULTS = Path(__file__).resolve().parents[1] / "gpu" / "results"
-SWEEPS = {t: RESULTS / f"2026-12-03-h200-s11b-gemv-sweep-9b-t{t}.json" for t in range(1, 9)}
+SWEEPS = {t: RESULTS / f"2026-12-03-h200-s12b-gemv-sweep-9b-t{t}.json" for t in range(1, 9)}
 
 
 @pytest.mark.parametrize("tokens", sorted(SWEEPS))

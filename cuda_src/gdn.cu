@@ -32,6 +32,7 @@
 // 4 resident blocks per SM caps the kernel at 64 registers (no spills; 79 unconstrained), so the 9B shape's
 // 256 blocks fit one wave on the CMP's 68 SMs
 #define GDN_RECURRENT_MIN_BLOCKS 4
+#define GDN_RECURRENT_WIDE_MIN_BLOCKS 4  // gdn_recurrent_wide too: 16 state rows a thread also fit 64 without spills
 
 #define GDN_CHUNK 64            // chunk length of the parallel form (spec §6.8; same as the reference)
 #define GDN_CHUNK_THREADS 256   // 8 warps
@@ -211,19 +212,43 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // Slot-indexed (row_slot not null, common.cuh; issue 28): grid (Hv, ceil(dv / 16), rows) with n_tokens = 1:
 // row blockIdx.z is the one new token of slot row_slot[row] (recurrent state: slot_ptrs entry 1), with its
 // own head counters head_done[row * Hv ..].
-extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, GDN_RECURRENT_MIN_BLOCKS)
-gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride,
-              const float* __restrict__ b, long long b_stride, const float* __restrict__ alpha, long long alpha_stride,
-              const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
-              float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* head_done, int n_tokens,
-              int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring,
-              const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs) {
+// gdn_recurrent_wide: the same with 32 value columns per block, grid (Hv, ceil(dv / 32), rows), for slot batches
+// whose narrow blocks would not fit one wave (8 rows of the 9B: 2,048 blocks, about four waves of the H200's
+// 528 resident): each thread holds two row groups (16 state rows), so half the blocks, as many resident per SM,
+// run in half the waves of about the same per-block latency. Every sum keeps the narrow kernel's order (each row
+// group's partial over its 8 rows, then the 16 partials in group order), so both give the same bits.
+//
+// The body: GROUPS row groups per thread, 16 * GROUPS columns per block. Row group g (of 16) holds state rows
+// g, g + 16, .., g + 112; thread (tx, ty) holds groups ty + j * (16 / GROUPS), j < GROUPS.
+// Calls f(j, i, r) for each state row a thread holds: row i of its j-th row group g = ty + j * (16 / GROUPS),
+// r = g + 16 i, in the order every sum of the kernel follows.
+template <int GROUPS, typename F>
+__device__ __forceinline__ void gdn_thread_rows(int ty, F&& f) {
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+        for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
+            const int g = ty + j * (GDN_RECURRENT_ROW_GROUPS / GROUPS);
+            f(j, i, g + i * GDN_RECURRENT_ROW_GROUPS);
+        }
+}
+
+template <int GROUPS>
+__device__ __forceinline__ void gdn_recurrent_body(
+    const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride, const float* __restrict__ b,
+    long long b_stride, const float* __restrict__ alpha, long long alpha_stride, const float* __restrict__ ssm_a,
+    const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ state, float* y,
+    signed char* yq, float* yd, unsigned int* head_done, int n_tokens, int Hk, int Hv, int dk, int dv, float eps,
+    float* __restrict__ state_ring, const int* __restrict__ row_slot,
+    const unsigned long long* __restrict__ slot_ptrs) {
+    constexpr int COLS = GDN_RECURRENT_COLS * GROUPS;
+    constexpr int THREAD_GROUPS = GDN_RECURRENT_ROW_GROUPS / GROUPS;  // threads per column
     __shared__ float sq[GDN_MAX_DK];
     __shared__ float sk[GDN_MAX_DK];
-    __shared__ float red[GDN_RECURRENT_ROW_GROUPS][GDN_RECURRENT_COLS];
+    __shared__ float red[GDN_RECURRENT_ROW_GROUPS][COLS];
     __shared__ float scratch[64];
-    __shared__ float sv[GDN_RECURRENT_COLS];  // this token's v on the block's columns
-    __shared__ float sgate[2];                // its beta and decay
+    __shared__ float sv[COLS];  // this token's v on the block's columns
+    __shared__ float sgate[2];  // its beta and decay
     __shared__ int is_last;
 
     const int n = blockIdx.x;
@@ -231,9 +256,9 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
     const int Ck = Hk * dk;
     const int Cc = 2 * Ck + Hv * dv;
     const int kh = n % Hk;
-    const int tx = tid % GDN_RECURRENT_COLS;
-    const int ty = tid / GDN_RECURRENT_COLS;
-    const int c = blockIdx.y * GDN_RECURRENT_COLS + tx;
+    const int tx = tid % COLS;
+    const int ty = tid / COLS;
+    const int c = blockIdx.y * COLS + tx;
     const bool col_ok = c < dv;
     const float q_scale = 1.f / sqrtf((float)dk);
     // A slot-indexed row r = blockIdx.z is token r of the launch's inputs and outputs, with its own state and
@@ -243,12 +268,10 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
     float* S = (row_slot != nullptr ? rigllm::slot_ptr<float>(slot_ptrs, row_slot, t0, RIGLLM_GDN_SLOT_PTRS, 1) : state) +
                (size_t)n * dk * dv;
 
-    float s[GDN_RECURRENT_ROWS];
-#pragma unroll
-    for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
-        const int r = ty + i * GDN_RECURRENT_ROW_GROUPS;
-        s[i] = (col_ok && r < dk) ? S[(size_t)r * dv + c] : 0.f;
-    }
+    float s[GROUPS][GDN_RECURRENT_ROWS];
+    gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+        s[j][i] = (col_ok && r < dk) ? S[(size_t)r * dv + c] : 0.f;
+    });
 
     for (int t = 0; t < n_tokens; ++t) {
         const float* row = conv_out + (size_t)(t0 + t) * Cc;
@@ -257,7 +280,7 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         // (about 7 us for 4 MB of state per 9B layer on the H200, 2026-12-03). The values wait in shared memory
         // (the barriers below publish them): held in registers across the sums they made ptxas spill at 64.
         if (ty == 0) sv[tx] = col_ok ? row[2 * Ck + n * dv + c] : 0.f;
-        if (tid == GDN_RECURRENT_COLS) {
+        if (tid == COLS) {
             sgate[0] = gdn_sigmoid(b[(size_t)(t0 + t) * b_stride + n]);
             sgate[1] = expf(gdn_log_decay(ssm_a[n], alpha[(size_t)(t0 + t) * alpha_stride + n], dt_bias[n]));
         }
@@ -280,14 +303,13 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         __syncthreads();
 
         const float decay = sgate[1];
-        float part = 0.f;
+        float part[GROUPS] = {};  // each row group's partial over its rows, in row order
+        gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+            s[j][i] *= decay;
+            if (r < dk) part[j] += s[j][i] * sk[r];
+        });
 #pragma unroll
-        for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
-            const int r = ty + i * GDN_RECURRENT_ROW_GROUPS;
-            s[i] *= decay;
-            if (r < dk) part += s[i] * sk[r];
-        }
-        red[ty][tx] = part;
+        for (int j = 0; j < GROUPS; ++j) red[ty + j * THREAD_GROUPS][tx] = part[j];
         __syncthreads();
         float sk_dot = 0.f;  // (S^T k)[c] of the decayed state
 #pragma unroll
@@ -295,16 +317,16 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         const float u = sgate[0] * (sv[tx] - sk_dot);
         __syncthreads();  // everyone has read red, sv and sgate
 
-        part = 0.f;
 #pragma unroll
-        for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
-            const int r = ty + i * GDN_RECURRENT_ROW_GROUPS;
+        for (int j = 0; j < GROUPS; ++j) part[j] = 0.f;
+        gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
             if (col_ok && r < dk) {
-                s[i] += sk[r] * u;
-                part += s[i] * sq[r];
+                s[j][i] += sk[r] * u;
+                part[j] += s[j][i] * sq[r];
             }
-        }
-        red[ty][tx] = part;
+        });
+#pragma unroll
+        for (int j = 0; j < GROUPS; ++j) red[ty + j * THREAD_GROUPS][tx] = part[j];
         __syncthreads();
         if (ty == 0 && col_ok) {
             float o = 0.f;
@@ -315,18 +337,14 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
         // sq and sk were last read before the barrier above; red is next written after the next block sums
         if (state_ring != nullptr && t + 1 < n_tokens) {
             float* R = state_ring + ((size_t)t * Hv + n) * dk * dv;
-#pragma unroll
-            for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
-                const int r = ty + i * GDN_RECURRENT_ROW_GROUPS;
-                if (col_ok && r < dk) R[(size_t)r * dv + c] = s[i];
-            }
+            gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+                if (col_ok && r < dk) R[(size_t)r * dv + c] = s[j][i];
+            });
         }
     }
-#pragma unroll
-    for (int i = 0; i < GDN_RECURRENT_ROWS; ++i) {
-        const int r = ty + i * GDN_RECURRENT_ROW_GROUPS;
-        if (col_ok && r < dk) S[(size_t)r * dv + c] = s[i];
-    }
+    gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+        if (col_ok && r < dk) S[(size_t)r * dv + c] = s[j][i];
+    });
 
     __threadfence();  // publish this block's o before it is counted
     __syncthreads();
@@ -343,6 +361,22 @@ gdn_recurrent(const float* __restrict__ conv_out, const float* __restrict__ z, l
                             scratch);
     }
 }
+
+#define RIGLLM_GDN_RECURRENT(NAME, GROUPS, MIN_BLOCKS)                                                              \
+    extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, MIN_BLOCKS) NAME(                         \
+        const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride,                       \
+        const float* __restrict__ b, long long b_stride, const float* __restrict__ alpha, long long alpha_stride,  \
+        const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,      \
+        float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* head_done, int n_tokens,   \
+        int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring,                                 \
+        const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs) {                      \
+        gdn_recurrent_body<GROUPS>(conv_out, z, z_stride, b, b_stride, alpha, alpha_stride, ssm_a, dt_bias,       \
+                                   norm_w, state, y, yq, yd, head_done, n_tokens, Hk, Hv, dk, dv, eps, state_ring, \
+                                   row_slot, slot_ptrs);                                                           \
+    }
+
+RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, GDN_RECURRENT_MIN_BLOCKS)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, GDN_RECURRENT_WIDE_MIN_BLOCKS)
 
 // ---------------------------------------------------------------------------------------------------------
 // Multi-token delta rule in the chunked form (spec §6.8), continuing from the state in `state` and leaving

@@ -35,6 +35,8 @@ CONV_TILE = 16  # GDN_CONV_TILE: tokens per conv thread
 MAX_DK = 128  # GDN_MAX_DK
 RECURRENT_THREADS = 256  # GDN_RECURRENT_THREADS
 RECURRENT_COLS = 16  # GDN_RECURRENT_COLS: value columns per recurrent block
+RECURRENT_BLOCKS_PER_SM = 4  # GDN_RECURRENT_MIN_BLOCKS: resident recurrent blocks per SM (both forms)
+WIDE_COLS = 2 * RECURRENT_COLS  # value columns per gdn_recurrent_wide block
 CHUNK_THREADS = 256  # GDN_CHUNK_THREADS
 CHUNK_COLS = 32  # GDN_CHUNK_COLS: value columns per chunked-form block
 CHUNK_SMEM_BYTES = 4 * 23168  # 4 * GDN_CHUNK_SMEM_FLOATS: above 48 KiB, so the launch opts in
@@ -222,6 +224,17 @@ def gdn_conv_silu(
     )
 
 
+def recurrent_form(card: CudaCard, dims: GdnDims, rows: int) -> tuple[str, int]:
+    """The recurrent kernel for `rows` slot-indexed rows (1 for one sequence's tokens) and its columns per block.
+    The narrow form spreads a row's state over the most blocks, which suits one wave; once its blocks exceed one
+    wave of the card (8 rows of the 9B: 2,048 blocks against the H200's 528 resident), the wide form's half as many
+    blocks of twice the columns run in half the waves. Both give the same bits (gdn.cu)."""
+    narrow_blocks = dims.n_v_heads * -(-dims.d_v // RECURRENT_COLS) * rows
+    if narrow_blocks > RECURRENT_BLOCKS_PER_SM * card.sm_count:
+        return "gdn_recurrent_wide", WIDE_COLS
+    return "gdn_recurrent", RECURRENT_COLS
+
+
 def gdn_recurrent(
     card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, conv_out: DeviceBuffer,
     inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
@@ -240,8 +253,9 @@ def gdn_recurrent(
     _check_out("y", y, F32 * n_tokens * dims.cv)
     _check_out("head counters", counters, 4 * dims.n_v_heads * (n_tokens if slots is not None else 1))
     yq, yd = _q8_args(dims, y_q8, n_tokens)
-    grid = (dims.n_v_heads, -(-dims.d_v // RECURRENT_COLS)) + ((n_tokens,) if slots is not None else ())
-    card.kernel("gdn_recurrent").launch(
+    name, cols = recurrent_form(card, dims, n_tokens if slots is not None else 1)
+    grid = (dims.n_v_heads, -(-dims.d_v // cols)) + ((n_tokens,) if slots is not None else ())
+    card.kernel(name).launch(
         grid, RECURRENT_THREADS, conv_out, inputs.z.buf,
         np.int64(inputs.z.stride), inputs.b.buf, np.int64(inputs.b.stride), inputs.alpha.buf,
         np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm,

@@ -45,6 +45,7 @@ HOT_KERNELS = frozenset(
         "swiglu_q8_1",
         "gdn_conv_silu",
         "gdn_recurrent",
+        "gdn_recurrent_wide",
         "gdn_chunk_prefill",
         "gdn_gated_norm",
         "argmax_partial",

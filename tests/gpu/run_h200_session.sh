@@ -228,11 +228,14 @@ ab)  # a kernel change that keeps every output bit (the same sums, fewer instruc
     # machine state. The base runs from its own tree, .kbz/base-tree.tar.xz (`git archive BASE engine cuda_src`),
     # with its build .kbz/kbuild-base.tar.xz (`rigllm build-kernels --arch 90` in a worktree of BASE): a prebuilt
     # image is used only when its source hash matches the tree it runs from.
+    # AB_TESTS: the GPU tests of the changed kernels (default: the matmuls' and the batch-equality ones)
     setup
     shift
+    tests=${AB_TESTS:-tests/gpu/test_gemv.py tests/gpu/test_gemm.py tests/gpu/test_kquant_kernels.py \
+        tests/gpu/test_slots.py tests/gpu/test_teeth_batches.py tests/gpu/test_mtp_gpu.py}
+    # shellcheck disable=SC2086  # a list of paths
     job kernel-tests 240 python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 14 --timeout 150 -p no:benchmark \
-        -k 'not keeps_the_token_distribution' tests/gpu/test_gemv.py tests/gpu/test_gemm.py \
-        tests/gpu/test_kquant_kernels.py tests/gpu/test_slots.py tests/gpu/test_teeth_batches.py tests/gpu/test_mtp_gpu.py
+        -k 'not keeps_the_token_distribution' $tests
     wait
     echo "kernel-tests: $(cat "$RES/kernel-tests.rc") ($SECONDS s)"; tail -3 "$RES/kernel-tests.log"
     sweeps=()

@@ -23,16 +23,20 @@ import pytest
 from engine.cuda.driver import DeviceBuffer
 from engine.cuda.gdn import (
     CONV_K,
+    RECURRENT_BLOCKS_PER_SM,
+    RECURRENT_COLS,
     GdnDims,
     GdnInputs,
     Rows,
     alloc_head_counters,
     gdn_conv_silu,
     gdn_mixer,
+    recurrent_form,
 )
 from engine.cuda.gemv import alloc_q8_activations
 from engine.cuda.q8_layout import quantize_q8_1
 from engine.cuda.sequence import GdnState
+from engine.cuda.slot_batch import SlotRows
 from engine.gguf.config import ModelConfig
 from engine.reference.activations import silu
 from engine.reference.gated_deltanet import GdnWeights, causal_conv, gated_deltanet
@@ -342,3 +346,51 @@ def test_restored_state_replays_bit_for_bit(card, rng):
     again = dev.states()
     assert_equal(again.conv, after_first.conv, "conv state after restore")
     assert_equal(again.recurrent, after_first.recurrent, "recurrent state after restore")
+
+
+@pytest.mark.parametrize("rows", [2, 8])
+def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows):
+    """A slot-indexed step of the 9B shape (row b: one token of slot row_slot[b], slots in shuffled order, each
+    with its own random state) against each sequence's own one-token step: y, its Q8_1 copy and both states bit
+    for bit. At 8 rows the narrow kernel's 2,048 blocks pass one wave of the H200, so the step takes
+    gdn_recurrent_wide, whose sums keep the narrow kernel's order (gdn.cu); at 2 rows it takes the narrow one."""
+    dims = SHAPE_9B
+    layer = random_layer(dims, rng)
+    starts = [random_state(dims, rng) for _ in range(rows)]
+    row_slot = rng.permutation(rows).astype(np.int32)
+    proj = random_projections(dims, rows, rng)
+    wide = dims.n_v_heads * (dims.d_v // RECURRENT_COLS) * rows > RECURRENT_BLOCKS_PER_SM * card.sm_count
+    assert recurrent_form(card, dims, rows)[0] == ("gdn_recurrent_wide" if wide else "gdn_recurrent")
+
+    alone = [DeviceGdn(card, layer, start) for start in starts]
+    want = {}
+    for b, slot in enumerate(row_slot):
+        want[b] = alone[slot].step(Projections(dims, proj.stacked[b : b + 1]), q8=True)
+        want[b, "q8"] = alone[slot].last_q8
+
+    batched = [DeviceGdn(card, layer, start) for start in starts]
+    table = card.upload(np.asarray([[d.state.conv.ptr, d.state.recurrent.ptr] for d in batched], np.uint64),
+                        "test.gdn.slot_table")
+    slots = SlotRows(card.upload(row_slot, "test.gdn.row_slot"), table)
+    stacked = card.upload(proj.stacked, "test.gdn.proj")
+    width = proj.stacked.shape[1]
+    inputs = GdnInputs(**{p: Rows(stacked.view(F32 * proj.column(p), stacked.nbytes - F32 * proj.column(p)), width)
+                          for p in PARTS})
+    conv_out = card.alloc(F32 * rows * dims.cc, "test.gdn.conv_out")
+    y = card.alloc(F32 * rows * dims.cv, "test.gdn.y")
+    y_q8 = alloc_q8_activations(card, dims.cv, rows, "test.gdn.y_q8")
+    counters = alloc_head_counters(card, dims, "test.gdn.slot_counters", rows=rows)
+    gdn_mixer(card, dims, batched[0].weights, None, inputs, conv_out, y, counters, rows, layer.eps, y_q8,
+              slots=slots)
+    card.synchronize()
+    got = y.download(np.float32, (rows, dims.cv))
+    xq, xd = y_q8.xq.download(np.int8, (rows, dims.cv)), y_q8.xd.download(np.float32, (rows, dims.cv // 32))
+    for b, slot in enumerate(row_slot):
+        assert_equal(got[b], want[b][0], f"row {b} (slot {slot}): y")
+        assert_equal(xq[b], want[b, "q8"][0][0], f"row {b}: Q8_1 values")
+        assert_equal(xd[b], want[b, "q8"][1][0], f"row {b}: Q8_1 scales")
+        mine, theirs = batched[slot].states(), alone[slot].states()
+        assert_equal(mine.conv, theirs.conv, f"slot {slot}: conv state")
+        assert_equal(mine.recurrent, theirs.recurrent, f"slot {slot}: recurrent state")
+    assert_equal(counters.download(np.uint32, rows * dims.n_v_heads), np.zeros(rows * dims.n_v_heads, np.uint32),
+                 "arrival counters")

@@ -17,6 +17,7 @@ import pytest
 from engine.cuda import gdn
 from engine.cuda.kernel_build import CUDA_SRC_DIR
 from engine.cuda.kernel_limits import MAX_SHARED_BYTES
+from engine.cuda.slot_batch import SlotRows
 from engine.gguf.config import ModelConfig
 
 SOURCE = (CUDA_SRC_DIR / "gdn.cu").read_text()
@@ -52,6 +53,8 @@ def test_launch_constants_mirror_the_kernel_source():
         "GDN_MAX_DK": gdn.MAX_DK,
         "GDN_RECURRENT_THREADS": gdn.RECURRENT_THREADS,
         "GDN_RECURRENT_COLS": gdn.RECURRENT_COLS,
+        "GDN_RECURRENT_MIN_BLOCKS": gdn.RECURRENT_BLOCKS_PER_SM,
+        "GDN_RECURRENT_WIDE_MIN_BLOCKS": gdn.RECURRENT_BLOCKS_PER_SM,
         "GDN_CHUNK_THREADS": gdn.CHUNK_THREADS,
         "GDN_CHUNK_COLS": gdn.CHUNK_COLS,
     }
@@ -61,6 +64,7 @@ def test_launch_constants_mirror_the_kernel_source():
 
 def test_launchers_name_kernels_of_the_source():
     kernels = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\(', SOURCE))
+    kernels |= set(re.findall(r'^RIGLLM_GDN_RECURRENT\((\w+),', SOURCE, re.MULTILINE))
     launched = set(re.findall(r'card\.kernel\("(\w+)"\)', Path(gdn.__file__).read_text()))
     assert launched and launched <= kernels, f"launched {sorted(launched)}, defined {sorted(kernels)}"
 
@@ -104,9 +108,10 @@ class _Buffer:
 class _RecordingCard:
     """Records (kernel, grid, block, shared, dynamic-shared opt-in) instead of launching."""
 
-    def __init__(self):
+    def __init__(self, sm_count: int = 132):
         self.launches: list[tuple] = []
         self.opt_in: dict[str, int] = {}
+        self.sm_count = sm_count
 
     def kernel(self, name: str):
         card = self
@@ -140,6 +145,26 @@ def test_short_batches_take_the_recurrent_kernel(n_tokens):
         ("gdn_conv_silu", (-(-dims.cc // gdn.CONV_THREADS), 1), gdn.CONV_THREADS),
         ("gdn_recurrent", (48, 128 // gdn.RECURRENT_COLS), gdn.RECURRENT_THREADS),
     ]
+
+
+@pytest.mark.parametrize("rows, sm_count, wide", [(1, 132, False), (2, 132, False), (3, 132, True), (8, 132, True),
+                                                 (2, 68, True), (8, 2048, False)])
+def test_slot_batches_past_one_wave_of_narrow_blocks_take_the_wide_form(rows, sm_count, wide):
+    """The 9B shape's narrow form has 256 blocks a row; past RECURRENT_BLOCKS_PER_SM per SM (one wave) a slot
+    batch launches gdn_recurrent_wide, half the blocks of twice the columns, one row per grid z."""
+    dims = gdn.GdnDims(16, 32, 128, 128)
+    big = _Buffer(1 << 30)
+    rows_in = gdn.Rows(big, dims.cc + dims.cv + 2 * dims.n_v_heads)
+    card = _RecordingCard(sm_count)
+    weights = SimpleNamespace(conv_w=big, ssm_a=big, dt_bias=big, ssm_norm=big)
+    slots = SlotRows(big, big)
+    gdn.gdn_mixer(card, dims, weights, None, gdn.GdnInputs(rows_in, rows_in, rows_in, rows_in), big, big, big, rows,
+                  1e-6, slots=slots)
+    name, grid, block, _, _ = card.launches[-1]
+    cols = gdn.WIDE_COLS if wide else gdn.RECURRENT_COLS
+    assert (name, grid, block) == ("gdn_recurrent_wide" if wide else "gdn_recurrent", (32, 128 // cols, rows),
+                                   gdn.RECURRENT_THREADS)
+    assert gdn.recurrent_form(card, dims, rows) == (name, cols)
 
 
 def test_longer_batches_take_the_chunked_form_with_its_shared_memory_opt_in():

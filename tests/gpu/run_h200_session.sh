@@ -256,7 +256,8 @@ ab)  # a kernel change that keeps every output bit (the same sums, fewer instruc
     # the base's logs and JSON name the base commit (RIGLLM_BASE_COMMIT), not this call's
     ( cd "$base" && COMMIT=${RIGLLM_BASE_COMMIT:-base} && PYTHONPATH="/tmp/rigllm-site:$base" \
       RIGLLM_KERNEL_DIR="$base/.kbuild" RIGLLM_COMMIT="$COMMIT" \
-      job bench-9b-q8_0-base 150 python3 -m engine.cli "${bench[@]}" --json "$RES/$DAY-h200-bench-9b-q8_0-base.json"; wait )
+      job bench-9b-q8_0-base 150 python3 -m engine.cli "${bench[@]}" \
+          --json "$RES/$DAY-h200-bench-9b-q8_0-base.json"; wait )
     for side in new base; do
         echo "bench-9b-q8_0-$side: $(cat "$RES/bench-9b-q8_0-$side.rc") ($SECONDS s)"
         grep -E "^prefill|^depth|^   512|^      [1248] " "$RES/bench-9b-q8_0-$side.log"

@@ -5,9 +5,9 @@ What the kernels promise, and so why the bound is bit-for-bit equality: in a bat
 row goes through the T-token GEMV, whose per-token sum is the same sequence of fmaf over the same 16-byte
 slices in the same lane order for every T and every variant (gemv_q8.cu: the slice loop steps 32*U slices
 with the U slices taken in order, then warp_sum's xor tree, which gemv_warp_store runs as a reduce-scatter),
-the row-sliced RMSNorm (NORM_SLICES_DECODE, bit-identical for any row count), elementwise SwiGLU/quantize, and per-sequence attention and GDN launches with one token
-each and the same split count as a lone decode step. tests/gpu/results logged 0.00e+00 for
-test_slots.py::test_batched_step_equals_each_slot_alone.
+the row-sliced RMSNorm (NORM_SLICES_DECODE, bit-identical for any row count), elementwise SwiGLU/quantize, and
+per-sequence attention and GDN launches with one token each and the same split count as a lone decode step.
+tests/gpu/results logged 0.00e+00 for test_slots.py::test_batched_step_equals_each_slot_alone.
 
 Neighbours: a sampled slot (temperature 0.8, top-k 20), a greedy slot that skips every fourth step (so
 the step graphs cover different slot sets), and a greedy slot that speculates with the fixture's MTP head

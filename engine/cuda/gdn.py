@@ -224,12 +224,14 @@ def gdn_conv_silu(
     )
 
 
-def recurrent_form(card: CudaCard, dims: GdnDims, rows: int) -> tuple[str, int]:
-    """The recurrent kernel for `rows` slot-indexed rows (1 for one sequence's tokens) and its columns per block.
-    The narrow form spreads a row's state over the most blocks, which suits one wave; once its blocks exceed one
-    wave of the card (8 rows of the 9B: 2,048 blocks against the H200's 528 resident), the wide form's half as many
-    blocks of twice the columns run in half the waves. Both give the same bits (gdn.cu)."""
-    narrow_blocks = dims.n_v_heads * -(-dims.d_v // RECURRENT_COLS) * rows
+def recurrent_form(card: CudaCard, dims: GdnDims, slot_rows: int | None) -> tuple[str, int]:
+    """The recurrent kernel for a slot batch of `slot_rows` rows (None: one sequence's tokens) and its columns per
+    block. The narrow form spreads a row's state over the most blocks, which suits one wave; once a slot batch's
+    narrow blocks exceed one wave of the card (8 rows of the 9B: 2,048 blocks against the H200's 528 resident),
+    the wide form's half as many blocks of twice the columns run in half the waves. Both give the same bits
+    (gdn.cu). One sequence (a decode token, a verify with its ring) keeps the narrow form on every card: the
+    wide form was measured and tested on slot batches only."""
+    narrow_blocks = dims.n_v_heads * -(-dims.d_v // RECURRENT_COLS) * (slot_rows or 0)
     if narrow_blocks > RECURRENT_BLOCKS_PER_SM * card.sm_count:
         return "gdn_recurrent_wide", WIDE_COLS
     return "gdn_recurrent", RECURRENT_COLS
@@ -253,7 +255,7 @@ def gdn_recurrent(
     _check_out("y", y, F32 * n_tokens * dims.cv)
     _check_out("head counters", counters, 4 * dims.n_v_heads * (n_tokens if slots is not None else 1))
     yq, yd = _q8_args(dims, y_q8, n_tokens)
-    name, cols = recurrent_form(card, dims, n_tokens if slots is not None else 1)
+    name, cols = recurrent_form(card, dims, n_tokens if slots is not None else None)
     grid = (dims.n_v_heads, -(-dims.d_v // cols)) + ((n_tokens,) if slots is not None else ())
     card.kernel(name).launch(
         grid, RECURRENT_THREADS, conv_out, inputs.z.buf,

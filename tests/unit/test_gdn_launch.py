@@ -126,11 +126,11 @@ class _RecordingCard:
         return _Kernel()
 
 
-def _mixer_launches(dims: gdn.GdnDims, n_tokens: int, **kwargs) -> list[tuple]:
+def _mixer_launches(dims: gdn.GdnDims, n_tokens: int, card: _RecordingCard | None = None, **kwargs) -> list[tuple]:
     big = _Buffer(1 << 30)
     rows = gdn.Rows(big, dims.cc + dims.cv + 2 * dims.n_v_heads)
     inputs = gdn.GdnInputs(rows, rows, rows, rows)
-    card = _RecordingCard()
+    card = card or _RecordingCard()
     weights = SimpleNamespace(conv_w=big, ssm_a=big, dt_bias=big, ssm_norm=big)
     state = SimpleNamespace(conv=big, recurrent=big)
     gdn.gdn_mixer(card, dims, weights, state, inputs, big, big, big, n_tokens, 1e-6, **kwargs)
@@ -165,6 +165,15 @@ def test_slot_batches_past_one_wave_of_narrow_blocks_take_the_wide_form(rows, sm
     assert (name, grid, block) == ("gdn_recurrent_wide" if wide else "gdn_recurrent", (32, 128 // cols, rows),
                                    gdn.RECURRENT_THREADS)
     assert gdn.recurrent_form(card, dims, rows) == (name, cols)
+
+
+def test_one_sequence_keeps_the_narrow_form_even_on_a_card_of_few_sms():
+    """A 27B-shaped decode token or verify (one sequence, 384 narrow blocks) on a card of 68 SMs (272 resident)
+    stays on the narrow kernel: the wide one was measured and GPU-tested on slot batches only."""
+    dims = gdn.GdnDims(16, 48, 128, 128)
+    launches = _mixer_launches(dims, 3, card=_RecordingCard(68))
+    assert [(name, grid) for name, grid, *_ in launches][-1] == ("gdn_recurrent", (48, 128 // gdn.RECURRENT_COLS))
+    assert gdn.recurrent_form(_RecordingCard(68), dims, None) == ("gdn_recurrent", gdn.RECURRENT_COLS)
 
 
 def test_longer_batches_take_the_chunked_form_with_its_shared_memory_opt_in():

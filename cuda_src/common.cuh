@@ -97,9 +97,10 @@ __device__ __forceinline__ int dot_int8x16(int4 a, int4 b, int acc) {
     return acc;
 }
 
-// An integer dot product read as a float without a conversion instruction. I2F runs at 16 results per clock
-// per SM on sm_70..sm_90 (a quarter of DP4A's 64), so in the DP4A matmuls one I2F per 32-value block cost as
-// much issue time as the DP4As feeding it. Instead the DP4A chain starts from DOT_FLOAT_BIAS, the bits of
+// An integer dot product read as a float without a conversion instruction. Conversions issue at a fraction of
+// the rate of the integer and fp32 arithmetic around them, and the GEMV converted once per 16-byte slice, per
+// row and token: with this form the 8-token GEMVs of a 9B step took 2,969 us against 3,352 (H200, 2026-12-03,
+// together with gemv_warp_store's reduce-scatter). Instead the DP4A chain starts from DOT_FLOAT_BIAS, the bits of
 // 1.5 * 2^23: adding an integer s with |s| < 2^22 to those bits only changes the mantissa, so the bits read as
 // a float are exactly 12582912 + s, and one fp32 subtraction (exact: both are multiples of 1 below 2^24)
 // returns exactly (float)s, the same bits I2F gives. Every caller's sum is far below 2^22: 32 products of

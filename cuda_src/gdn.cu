@@ -31,8 +31,9 @@
 #define GDN_RECURRENT_ROWS (GDN_MAX_DK / GDN_RECURRENT_ROW_GROUPS)           // 8 state rows per thread
 // 4 resident blocks per SM caps the kernel at 64 registers (no spills; 79 unconstrained), so the 9B shape's
 // 256 blocks fit one wave on the CMP's 68 SMs
+// gdn_recurrent_wide too: its 16 state rows a thread also fit 64 registers without spills, and the launcher's
+// one-wave rule (engine/cuda/gdn.py recurrent_form) counts both forms at this residency
 #define GDN_RECURRENT_MIN_BLOCKS 4
-#define GDN_RECURRENT_WIDE_MIN_BLOCKS 4  // gdn_recurrent_wide too: 16 state rows a thread also fit 64 without spills
 
 #define GDN_CHUNK 64            // chunk length of the parallel form (spec §6.8; same as the reference)
 #define GDN_CHUNK_THREADS 256   // 8 warps
@@ -217,9 +218,7 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // 528 resident): each thread holds two row groups (16 state rows), so half the blocks, as many resident per SM,
 // run in half the waves of about the same per-block latency. Every sum keeps the narrow kernel's order (each row
 // group's partial over its 8 rows, then the 16 partials in group order), so both give the same bits.
-//
-// The body: GROUPS row groups per thread, 16 * GROUPS columns per block. Row group g (of 16) holds state rows
-// g, g + 16, .., g + 112; thread (tx, ty) holds groups ty + j * (16 / GROUPS), j < GROUPS.
+
 // Calls f(j, i, r) for each state row a thread holds: row i of its j-th row group g = ty + j * (16 / GROUPS),
 // r = g + 16 i, in the order every sum of the kernel follows.
 template <int GROUPS, typename F>
@@ -233,6 +232,8 @@ __device__ __forceinline__ void gdn_thread_rows(int ty, F&& f) {
         }
 }
 
+// The kernels' body: GROUPS row groups per thread, 16 * GROUPS columns per block. Row group g (of 16) holds state
+// rows g, g + 16, .., g + 112; thread (tx, ty) holds groups ty + j * (16 / GROUPS), j < GROUPS.
 template <int GROUPS>
 __device__ __forceinline__ void gdn_recurrent_body(
     const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride, const float* __restrict__ b,
@@ -376,7 +377,7 @@ __device__ __forceinline__ void gdn_recurrent_body(
     }
 
 RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, GDN_RECURRENT_MIN_BLOCKS)
-RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, GDN_RECURRENT_WIDE_MIN_BLOCKS)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, GDN_RECURRENT_MIN_BLOCKS)
 
 // ---------------------------------------------------------------------------------------------------------
 // Multi-token delta rule in the chunked form (spec §6.8), continuing from the state in `state` and leaving

@@ -54,7 +54,6 @@ def test_launch_constants_mirror_the_kernel_source():
         "GDN_RECURRENT_THREADS": gdn.RECURRENT_THREADS,
         "GDN_RECURRENT_COLS": gdn.RECURRENT_COLS,
         "GDN_RECURRENT_MIN_BLOCKS": gdn.RECURRENT_BLOCKS_PER_SM,
-        "GDN_RECURRENT_WIDE_MIN_BLOCKS": gdn.RECURRENT_BLOCKS_PER_SM,
         "GDN_CHUNK_THREADS": gdn.CHUNK_THREADS,
         "GDN_CHUNK_COLS": gdn.CHUNK_COLS,
     }
@@ -126,14 +125,17 @@ class _RecordingCard:
         return _Kernel()
 
 
-def _mixer_launches(dims: gdn.GdnDims, n_tokens: int, card: _RecordingCard | None = None, **kwargs) -> list[tuple]:
+def _mixer_launches(dims: gdn.GdnDims, n_tokens: int, card: _RecordingCard | None = None, slot_rows: bool = False,
+                    **kwargs) -> list[tuple]:
+    """The launches of one gdn_mixer call: one sequence's tokens, or (slot_rows) one token per slot row."""
     big = _Buffer(1 << 30)
     rows = gdn.Rows(big, dims.cc + dims.cv + 2 * dims.n_v_heads)
     inputs = gdn.GdnInputs(rows, rows, rows, rows)
     card = card or _RecordingCard()
     weights = SimpleNamespace(conv_w=big, ssm_a=big, dt_bias=big, ssm_norm=big)
-    state = SimpleNamespace(conv=big, recurrent=big)
-    gdn.gdn_mixer(card, dims, weights, state, inputs, big, big, big, n_tokens, 1e-6, **kwargs)
+    state = None if slot_rows else SimpleNamespace(conv=big, recurrent=big)
+    slots = SlotRows(big, big) if slot_rows else None
+    gdn.gdn_mixer(card, dims, weights, state, inputs, big, big, big, n_tokens, 1e-6, slots=slots, **kwargs)
     return card.launches
 
 
@@ -153,14 +155,8 @@ def test_slot_batches_past_one_wave_of_narrow_blocks_take_the_wide_form(rows, sm
     """The 9B shape's narrow form has 256 blocks a row; past RECURRENT_BLOCKS_PER_SM per SM (one wave) a slot
     batch launches gdn_recurrent_wide, half the blocks of twice the columns, one row per grid z."""
     dims = gdn.GdnDims(16, 32, 128, 128)
-    big = _Buffer(1 << 30)
-    rows_in = gdn.Rows(big, dims.cc + dims.cv + 2 * dims.n_v_heads)
     card = _RecordingCard(sm_count)
-    weights = SimpleNamespace(conv_w=big, ssm_a=big, dt_bias=big, ssm_norm=big)
-    slots = SlotRows(big, big)
-    gdn.gdn_mixer(card, dims, weights, None, gdn.GdnInputs(rows_in, rows_in, rows_in, rows_in), big, big, big, rows,
-                  1e-6, slots=slots)
-    name, grid, block, _, _ = card.launches[-1]
+    name, grid, block, _, _ = _mixer_launches(dims, rows, card=card, slot_rows=True)[-1]
     cols = gdn.WIDE_COLS if wide else gdn.RECURRENT_COLS
     assert (name, grid, block) == ("gdn_recurrent_wide" if wide else "gdn_recurrent", (32, 128 // cols, rows),
                                    gdn.RECURRENT_THREADS)

@@ -70,18 +70,28 @@ class MaskPool:
 
     Entries used by the step being written are the most recent, so with more entries than rows a step never
     evicts a mask it uses. Each entry has its own pinned staging row: an upload is stream-ordered and its
-    source stays untouched until the entry is evicted again, long after that copy has run."""
+    source stays untouched until the entry is evicted again, long after that copy has run.
+
+    The host does this for every masked row of every step while the card waits for the step's graph, so each
+    lookup is a few whole-array numpy passes over the 7,760 words (no Python hash of 31 KB, no index lists).
+    On the 2-core development machine, with a stand-in card, a new 248,320-token mask takes 18 µs and a known
+    one 8 µs, against 37 and 18 with Python's hash and index lists."""
 
     def __init__(self, card: CudaCard, vocab: int, entries: int = DEFAULT_MASK_ENTRIES, label: str = "masks"):
         self.card, self.words = card, mask_words(vocab)
         self.buffer = card.alloc(4 * self.words * entries, f"{label}.pool")
         self.buffer.fill_zero()
-        self._staging = card.pinned((entries, self.words), np.uint32)  # each row as the card's entry holds it
+        width = self.words + self.words % 2  # an even count, so a row reads as uint64 for the fingerprint
+        self._staging = card.pinned((entries, width), np.uint32)  # each row as the card's entry holds it
         self._staging[:] = 0
-        # hash of the content → entry, oldest first. The entry's staging row decides whether it holds the mask,
-        # so two masks with one hash never share an entry; Python's hash of 31 KB takes a fifth of a
-        # cryptographic digest's time, which the host spends on every masked row of every step.
-        self._entries: OrderedDict[int, int] = OrderedDict()
+        self._mask = np.zeros(width, np.uint32)  # the mask looked up, padded with refusals to the pool's width
+        self._differs = np.empty(width, bool)
+        self._products = np.empty(width // 2, np.uint64)
+        # Random odd multipliers, drawn per process: the fingerprint sum(word64 * multiplier) mod 2^64 tells
+        # masks apart without a client being able to aim for a collision. A collision would cost only speed:
+        # the entry's staging row, compared word by word, decides whether the entry holds the mask.
+        self._multipliers = np.random.default_rng().integers(0, 2**64 - 1, width // 2, np.uint64, endpoint=True) | 1
+        self._entries: OrderedDict[int, int] = OrderedDict()  # fingerprint → entry, oldest first
         self._free = list(range(entries - 1, -1, -1))
         self.uploads = self.uploaded_bytes = self.lookups = 0
 
@@ -92,20 +102,21 @@ class MaskPool:
         if words.ndim != 1 or words.size > self.words:
             raise ValueError(f"a mask is at most {self.words} words, got shape {mask.shape}")
         self.lookups += 1
-        key = hash(words.tobytes())
+        padded = self._mask
+        padded[: words.size] = words
+        padded[words.size :] = 0
+        key = int(np.multiply(padded.view(np.uint64), self._multipliers, out=self._products).sum())
         entry = self._entries.pop(key, None)
         if entry is None:
             entry = self._free.pop() if self._free else self._entries.popitem(last=False)[1]
         self._entries[key] = entry  # the most recent now
         row = self._staging[entry]
-        changed = np.flatnonzero(row[: words.size] != words)
-        past = np.flatnonzero(row[words.size :])  # words this mask leaves out (disallowed) that the entry has set
-        if not changed.size and not past.size:
+        differs = np.not_equal(row, padded, out=self._differs)
+        first = int(differs.argmax())
+        if not differs[first]:
             return entry  # the card holds it already
-        first = int(changed[0]) if changed.size else words.size + int(past[0])
-        last = words.size + int(past[-1]) if past.size else int(changed[-1])
-        row[: words.size] = words
-        row[words.size :] = 0
+        last = differs.size - 1 - int(differs[::-1].argmax())
+        row[first : last + 1] = padded[first : last + 1]
         # only the words from the first to the last that differ from what the entry held: never more than the
         # whole row, less when the two masks differ in part of the vocabulary only (two states that allow a few
         # ids each, both low in the vocabulary); masks that differ all over it still move their 31 KB

@@ -113,6 +113,20 @@ def test_the_pool_holds_every_mask_it_names_through_many_evictions():
     assert pool.uploaded_bytes - full < pool.uploads * 4 * pool.words  # spans, not whole rows
 
 
+def test_masks_whose_fingerprints_collide_still_get_their_own_bits():
+    """The fingerprint only finds a candidate entry; the staging row decides. With every fingerprint forced
+    equal, alternating masks share one entry and each lookup re-uploads, but the entry always holds the mask
+    just asked for."""
+    card = FakeCard()
+    pool = MaskPool(card, VOCAB, entries=4)
+    pool._multipliers[:] = 0
+    a, b = (mask_of(np.random.default_rng(s).random(VOCAB) < 0.5) for s in (11, 12))
+    for mask in (a, b, a, b):
+        e = pool.entry(mask)
+        assert np.array_equal(pool.buffer.download(np.uint32, (4, pool.words))[e], mask)
+    assert pool.uploads == 4 and pool.entry(b) == e and pool.uploads == 4
+
+
 @pytest.fixture(scope="module")
 def demo():
     return load_model(ensure_demo_model())

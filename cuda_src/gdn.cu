@@ -125,6 +125,39 @@ __device__ void gdn_gated_norm_head(const float* o, const float* z, const float*
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// One output of the conv: taps window[0..3] (oldest first) times the channel's weights, summed in tap order.
+// gdn_conv_silu and the fused one-token kernels both call it, so both compute the same bits.
+__device__ __forceinline__ float gdn_conv_taps(const float (&window)[GDN_CONV_K], const float (&w)[GDN_CONV_K]) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < GDN_CONV_K; ++j) acc += window[j] * w[j];
+    return acc;
+}
+
+// The fused kernels' conv of one new token on channel ch: SiLU(conv) over the state rows and the token's raw value
+// mix[row * mix_stride + ch]. (The callers pass the parameters and the row rather than a row pointer: an offset
+// pointer held across the recurrence would take registers that, at 64, spill.)
+__device__ __forceinline__ float gdn_conv_one(const float* __restrict__ mix, long long mix_stride, int row,
+                                              const float* conv_state, const float* __restrict__ conv_w, int ch,
+                                              int Cc) {
+    float window[GDN_CONV_K], w[GDN_CONV_K];
+#pragma unroll
+    for (int j = 0; j < GDN_CONV_K - 1; ++j) window[j] = conv_state[(size_t)j * Cc + ch];
+    window[GDN_CONV_K - 1] = mix[(size_t)row * mix_stride + ch];
+#pragma unroll
+    for (int j = 0; j < GDN_CONV_K; ++j) w[j] = conv_w[(size_t)ch * GDN_CONV_K + j];
+    return gdn_silu(gdn_conv_taps(window, w));
+}
+
+// ...and its state advance after one token: each state row takes the next one's value, the last the raw value.
+__device__ __forceinline__ void gdn_conv_advance(const float* __restrict__ mix, long long mix_stride, int row,
+                                                 float* conv_state, int ch, int Cc) {
+#pragma unroll
+    for (int j = 0; j < GDN_CONV_K - 2; ++j) conv_state[(size_t)j * Cc + ch] = conv_state[(size_t)(j + 1) * Cc + ch];
+    conv_state[(size_t)(GDN_CONV_K - 2) * Cc + ch] = mix[(size_t)row * mix_stride + ch];
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // Causal depthwise conv (width 4) + SiLU over T tokens, continuing from and updating the conv state.
 // grid (ceil(Cc / blockDim.x), ceil(T / GDN_CONV_TILE)), any blockDim.x. One thread per (channel, 16-token
 // tile). Only tile 0 reads the old state (a tile starting at t0 >= 3 never reaches before the batch), so the
@@ -165,10 +198,7 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
     }
     for (int t = t0; t < t1; ++t) {
         window[GDN_CONV_K - 1] = mix[(size_t)t * mix_stride + ch];
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < GDN_CONV_K; ++j) acc += window[j] * w[j];
-        conv_out[(size_t)t * Cc + ch] = gdn_silu(acc);
+        conv_out[(size_t)t * Cc + ch] = gdn_silu(gdn_conv_taps(window, w));
 #pragma unroll
         for (int j = 0; j < GDN_CONV_K - 1; ++j) window[j] = window[j + 1];
     }
@@ -206,18 +236,26 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // reductions over the key dim are independent, so the state is spread over Hv * dv/16 blocks, read once
 // and written once per launch, and kept in registers across the batch's tokens. The gated norm needs the
 // whole head: every block stores its raw o columns in y, and the last block of the head to finish (counted
-// in head_done[n], which it resets to 0 for the next launch) normalises the head's T rows in place.
-// head_done must be zeroed once when allocated, and launches sharing it must not run concurrently.
+// in its head counter, which it resets to 0 for the next launch) normalises the head's T rows in place.
+// Counters: [rows][Hv + Hk] uint32 (a row's Hv head counters, then its Hk key counters for the fused conv
+// below), zeroed once when allocated; launches sharing them must not run concurrently.
 // state_ring (null to skip; speculative verify): also the state after each of the first T-1 tokens,
 // ring[t] [Hv][dk][dv], for rolling back to an accepted prefix without re-running it.
 // Slot-indexed (row_slot not null, common.cuh; issue 28): grid (Hv, ceil(dv / 16), rows) with n_tokens = 1:
 // row blockIdx.z is the one new token of slot row_slot[row] (recurrent state: slot_ptrs entry 1), with its
-// own head counters head_done[row * Hv ..].
+// own row of counters.
 // gdn_recurrent_wide: the same with 32 value columns per block, grid (Hv, ceil(dv / 32), rows), for slot batches
 // whose narrow blocks would not fit one wave (8 rows of the 9B: 2,048 blocks, about four waves of the H200's
 // 528 resident): each thread holds two row groups (16 state rows), so half the blocks, as many resident per SM,
 // run in half the waves of about the same per-block latency. Every sum keeps the narrow kernel's order (each row
 // group's partial over its 8 rows, then the 16 partials in group order), so both give the same bits.
+// gdn_recurrent_conv(_wide): the same for one token per row (a decode token, or a slot batch), with the conv + SiLU
+// of that token done here instead of by gdn_conv_silu (issue 30: one launch fewer per GDN layer). Each block
+// convolves the channels it reads, from mix (row stride mix_stride), conv_w and the conv state (conv_state, or
+// slot_ptrs entry 0), with gdn_conv_silu's arithmetic (gdn_conv_one), so the same bits. A v channel is read by one
+// thread only, which advances its state at once; the q and k channels of key head kh are read by every block of
+// the Hv/Hk value heads paired with it, so the last of those blocks to finish (counted in the row's key counter,
+// which it resets) advances them. conv_out is not read.
 
 // Calls f(j, i, r) for each state row a thread holds: row i of its j-th row group g = ty + j * (16 / GROUPS),
 // r = g + 16 i, in the order every sum of the kernel follows.
@@ -234,14 +272,19 @@ __device__ __forceinline__ void gdn_thread_rows(int ty, F&& f) {
 
 // The kernels' body: GROUPS row groups per thread, 16 * GROUPS columns per block. Row group g (of 16) holds state
 // rows g, g + 16, .., g + 112; thread (tx, ty) holds groups ty + j * (16 / GROUPS), j < GROUPS.
-template <int GROUPS>
+template <int GROUPS, bool CONV>
 __device__ __forceinline__ void gdn_recurrent_body(
-    const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride, const float* __restrict__ b,
+    const float* __restrict__ conv_out, const float* __restrict__ mix, long long mix_stride,
+    const float* __restrict__ conv_w, float* conv_state, const float* __restrict__ z, long long z_stride,
+    const float* __restrict__ b,
     long long b_stride, const float* __restrict__ alpha, long long alpha_stride, const float* __restrict__ ssm_a,
     const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ state, float* y,
-    signed char* yq, float* yd, unsigned int* head_done, int n_tokens, int Hk, int Hv, int dk, int dv, float eps,
+    signed char* yq, float* yd, unsigned int* counters, int batch_tokens, int Hk, int Hv, int dk, int dv, float eps,
     float* __restrict__ state_ring, const int* __restrict__ row_slot,
     const unsigned long long* __restrict__ slot_ptrs) {
+    // The fused kernels run one token (their launcher passes 1). Only the narrow one is given the constant: folded,
+    // it fits 64 registers there, while in the wide one the schedule it leads to spilled (ptxas, sm_70).
+    const int n_tokens = CONV && GROUPS == 1 ? 1 : batch_tokens;
     constexpr int COLS = GDN_RECURRENT_COLS * GROUPS;
     constexpr int THREAD_GROUPS = GDN_RECURRENT_ROW_GROUPS / GROUPS;  // threads per column
     __shared__ float sq[GDN_MAX_DK];
@@ -250,7 +293,7 @@ __device__ __forceinline__ void gdn_recurrent_body(
     __shared__ float scratch[64];
     __shared__ float sv[COLS];  // this token's v on the block's columns
     __shared__ float sgate[2];  // its beta and decay
-    __shared__ int is_last;
+    __shared__ int is_last, is_last_of_key;
 
     const int n = blockIdx.x;
     const int tid = threadIdx.x;
@@ -268,32 +311,66 @@ __device__ __forceinline__ void gdn_recurrent_body(
     const int t0 = blockIdx.z;
     float* S = (row_slot != nullptr ? rigllm::slot_ptr<float>(slot_ptrs, row_slot, t0, RIGLLM_GDN_SLOT_PTRS, 1) : state) +
                (size_t)n * dk * dv;
+    // CONV (n_tokens is 1): the row's conv state, looked up where it is used (see gdn_conv_one)
+    auto conv_st = [&]() -> float* {
+        return row_slot != nullptr ? rigllm::slot_ptr<float>(slot_ptrs, row_slot, t0, RIGLLM_GDN_SLOT_PTRS, 0) : conv_state;
+    };
+    // channel ch of token t's conv output: computed here (CONV), or read from gdn_conv_silu's
+    auto channel = [&](int t, int ch) -> float {
+        if constexpr (CONV) return gdn_conv_one(mix, mix_stride, t0, conv_st(), conv_w, ch, Cc);
+        else return conv_out[(size_t)(t0 + t) * Cc + ch];
+    };
 
     float s[GROUPS][GDN_RECURRENT_ROWS];
-    gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
-        s[j][i] = (col_ok && r < dk) ? S[(size_t)r * dv + c] : 0.f;
-    });
+    auto load_state = [&]() {
+        gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+            s[j][i] = (col_ok && r < dk) ? S[(size_t)r * dv + c] : 0.f;
+        });
+    };
+    // the fused wide kernel loads it later (below); the others first, so its loads overlap the token's
+    constexpr bool LATE_STATE = CONV && GROUPS > 1;
+    if constexpr (!LATE_STATE) load_state();
 
     for (int t = 0; t < n_tokens; ++t) {
-        const float* row = conv_out + (size_t)(t0 + t) * Cc;
         // Every global read of this token is issued here, before the first barrier: a load after a barrier cannot
         // be moved above it, so a later one would add its whole memory latency to a kernel that is latency-bound
         // (about 7 us for 4 MB of state per 9B layer on the H200, 2026-12-03). The values wait in shared memory
         // (the barriers below publish them): held in registers across the sums they made ptxas spill at 64.
-        if (ty == 0) sv[tx] = col_ok ? row[2 * Ck + n * dv + c] : 0.f;
+        if (ty == 0) {
+            sv[tx] = col_ok ? channel(t, 2 * Ck + n * dv + c) : 0.f;
+            if (CONV && col_ok) gdn_conv_advance(mix, mix_stride, t0, conv_st(), 2 * Ck + n * dv + c, Cc);  // its only reader
+        }
         if (tid == COLS) {
             sgate[0] = gdn_sigmoid(b[(size_t)(t0 + t) * b_stride + n]);
             sgate[1] = expf(gdn_log_decay(ssm_a[n], alpha[(size_t)(t0 + t) * alpha_stride + n], dt_bias[n]));
         }
         float ssq = 0.f, ssk = 0.f;
-        for (int r = tid; r < dk; r += blockDim.x) {
-            const float qv = row[kh * dk + r];
-            const float kv = row[Ck + kh * dk + r];
-            sq[r] = qv;
-            sk[r] = kv;
-            ssq += qv * qv;
-            ssk += kv * kv;
+        if constexpr (CONV) {
+            // a convolved channel takes eight loads: q on threads [0, dk) and k on [128, 128 + dk), not both on
+            // the same thread, keep the registers under 64. k's partials then sit in warps 4-7 instead of 0-3, with
+            // zeros where they were: the same lanes and the same order of nonzero terms, so the same sums.
+            if (tid < dk) {
+                const float qv = channel(t, kh * dk + tid);
+                sq[tid] = qv;
+                ssq += qv * qv;
+            } else if (tid >= GDN_MAX_DK && tid - GDN_MAX_DK < dk) {
+                const float kv = channel(t, Ck + kh * dk + tid - GDN_MAX_DK);
+                sk[tid - GDN_MAX_DK] = kv;
+                ssk += kv * kv;
+            }
+        } else {
+            for (int r = tid; r < dk; r += blockDim.x) {
+                const float qv = channel(t, kh * dk + r);
+                const float kv = channel(t, Ck + kh * dk + r);
+                sq[r] = qv;
+                sk[r] = kv;
+                ssq += qv * qv;
+                ssk += kv * kv;
+            }
         }
+        // the fused wide kernel's 16 state rows a thread after the conv's loads, so that both are not held in
+        // registers at once (at 64 they spilled); one token, so loaded once
+        if constexpr (LATE_STATE) load_state();
         const float2 norms = gdn_block_sum2(ssq, ssk, scratch);  // its barriers also publish sq, sk, sv, sgate
         const float inv_q = 1.f / sqrtf(norms.x + GDN_L2_EPS);
         const float inv_k = 1.f / sqrtf(norms.y + GDN_L2_EPS);
@@ -336,7 +413,7 @@ __device__ __forceinline__ void gdn_recurrent_body(
             y[(size_t)(t0 + t) * Hv * dv + (size_t)n * dv + c] = o;
         }
         // sq and sk were last read before the barrier above; red is next written after the next block sums
-        if (state_ring != nullptr && t + 1 < n_tokens) {
+        if (!CONV && state_ring != nullptr && t + 1 < n_tokens) {
             float* R = state_ring + ((size_t)t * Hv + n) * dk * dv;
             gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
                 if (col_ok && r < dk) R[(size_t)r * dv + c] = s[j][i];
@@ -349,9 +426,19 @@ __device__ __forceinline__ void gdn_recurrent_body(
 
     __threadfence();  // publish this block's o before it is counted
     __syncthreads();
-    unsigned int* done = head_done + (size_t)t0 * Hv + n;
-    if (tid == 0) is_last = atomicAdd(done, 1u) == gridDim.y - 1;
+    unsigned int* done = counters + (size_t)t0 * (Hv + Hk) + n;
+    unsigned int* key_done = counters + (size_t)t0 * (Hv + Hk) + Hv + kh;
+    if (tid == 0) {
+        is_last = atomicAdd(done, 1u) == gridDim.y - 1;
+        is_last_of_key = CONV && atomicAdd(key_done, 1u) == (unsigned)(Hv / Hk) * gridDim.y - 1;
+    }
     __syncthreads();
+    if (CONV && is_last_of_key) {  // every reader of key head kh's q and k channels has read their state
+        if (tid == 0) *key_done = 0u;
+        __threadfence();
+        for (int i = tid; i < 2 * dk; i += blockDim.x)
+            gdn_conv_advance(mix, mix_stride, t0, conv_st(), (i < dk ? 0 : Ck - dk) + kh * dk + i, Cc);
+    }
     if (!is_last) return;
     if (tid == 0) *done = 0u;
     __threadfence();
@@ -363,21 +450,24 @@ __device__ __forceinline__ void gdn_recurrent_body(
     }
 }
 
-#define RIGLLM_GDN_RECURRENT(NAME, GROUPS, MIN_BLOCKS)                                                              \
-    extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, MIN_BLOCKS) NAME(                         \
-        const float* __restrict__ conv_out, const float* __restrict__ z, long long z_stride,                       \
+#define RIGLLM_GDN_RECURRENT(NAME, GROUPS, CONV)                                                                    \
+    extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, GDN_RECURRENT_MIN_BLOCKS) NAME(           \
+        const float* __restrict__ conv_out, const float* __restrict__ mix, long long mix_stride,                   \
+        const float* __restrict__ conv_w, float* conv_state, const float* __restrict__ z, long long z_stride,      \
         const float* __restrict__ b, long long b_stride, const float* __restrict__ alpha, long long alpha_stride,  \
         const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,      \
-        float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* head_done, int n_tokens,   \
+        float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* counters, int n_tokens,    \
         int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring,                                 \
         const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs) {                      \
-        gdn_recurrent_body<GROUPS>(conv_out, z, z_stride, b, b_stride, alpha, alpha_stride, ssm_a, dt_bias,       \
-                                   norm_w, state, y, yq, yd, head_done, n_tokens, Hk, Hv, dk, dv, eps, state_ring, \
-                                   row_slot, slot_ptrs);                                                           \
+        gdn_recurrent_body<GROUPS, CONV>(conv_out, mix, mix_stride, conv_w, conv_state, z, z_stride, b, b_stride, \
+                                         alpha, alpha_stride, ssm_a, dt_bias, norm_w, state, y, yq, yd, counters,  \
+                                         n_tokens, Hk, Hv, dk, dv, eps, state_ring, row_slot, slot_ptrs);         \
     }
 
-RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, GDN_RECURRENT_MIN_BLOCKS)
-RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, GDN_RECURRENT_MIN_BLOCKS)
+RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, false)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, false)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_conv, 1, true)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_conv_wide, 2, true)
 
 // ---------------------------------------------------------------------------------------------------------
 // Multi-token delta rule in the chunked form (spec §6.8), continuing from the state in `state` and leaving

@@ -3,7 +3,8 @@
 Per GDN layer and batch of T tokens a runner calls `gdn_mixer` (or its parts): the causal conv + SiLU,
 which also advances the conv state; then either the recurrent kernel (decode, short verify batches: the
 state stays in registers across the tokens) or the chunked form followed by the gated RMSNorm (prompt
-chunks). The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV. The state is a
+chunks). One token per row (a decode token, a slot batch) takes a single launch: the recurrent kernel's
+conv form does the conv of the channels each block reads. The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV. The state is a
 sequence's `GdnState` (engine.cuda.sequence): fp32 conv [Kc-1][Cc] (oldest first) and recurrent
 [Hv][dk][dv]; zeroing and snapshots are that module's driver memsets and copies.
 
@@ -102,11 +103,17 @@ class GdnConstants(Protocol):
     def ssm_norm(self) -> DeviceBuffer: ...  # [dv]
 
 
+def counter_count(dims: GdnDims, rows: int = 1) -> int:
+    """uint32 arrival counters a recurrent launch of `rows` slot rows uses: per row, one per value head (the gated
+    norm's) and one per key head (the fused conv's state advance), gdn.cu's [rows][Hv + Hk]."""
+    return (dims.n_v_heads + dims.n_k_heads) * rows
+
+
 def alloc_head_counters(card: CudaCard, dims: GdnDims, label: str, rows: int = 1) -> DeviceBuffer:
-    """The recurrent kernel's per-head arrival counters (uint32 [rows][Hv], zeroed; every launch leaves them
-    zero): one set per row of a slot-indexed launch. Launches that share them must not run concurrently:
-    give each stream its own."""
-    counters = card.alloc(4 * dims.n_v_heads * rows, label)
+    """The recurrent kernels' arrival counters (`counter_count`, zeroed; every launch leaves them zero): one set
+    per row of a slot-indexed launch. Launches that share them must not run concurrently: give each stream its
+    own."""
+    counters = card.alloc(4 * counter_count(dims, rows), label)
     counters.fill_zero()
     return counters
 
@@ -224,41 +231,54 @@ def gdn_conv_silu(
     )
 
 
-def recurrent_form(card: CudaCard, dims: GdnDims, slot_rows: int | None) -> tuple[str, int]:
+def recurrent_form(card: CudaCard, dims: GdnDims, slot_rows: int | None, conv: bool = False) -> tuple[str, int]:
     """The recurrent kernel for a slot batch of `slot_rows` rows (None: one sequence's tokens) and its columns per
-    block. The narrow form spreads a row's state over the most blocks, which suits one wave; once a slot batch's
-    narrow blocks exceed one wave of the card (8 rows of the 9B: 2,048 blocks against the H200's 528 resident),
-    the wide form's half as many blocks of twice the columns run in half the waves. Both give the same bits
-    (gdn.cu). One sequence (a decode token, a verify with its ring) keeps the narrow form on every card: the
-    wide form was measured and tested on slot batches only."""
+    block; `conv`: its form that also does the conv of a one-token row (gdn.cu gdn_recurrent_conv). The narrow form
+    spreads a row's state over the most blocks, which suits one wave; once a slot batch's narrow blocks exceed one
+    wave of the card (8 rows of the 9B: 2,048 blocks against the H200's 528 resident), the wide form's half as
+    many blocks of twice the columns run in half the waves. Both give the same bits (gdn.cu). One sequence (a
+    decode token, a verify with its ring) keeps the narrow form on every card: the wide form was measured and
+    tested on slot batches only."""
+    name = "gdn_recurrent_conv" if conv else "gdn_recurrent"
     narrow_blocks = dims.n_v_heads * -(-dims.d_v // RECURRENT_COLS) * (slot_rows or 0)
     if narrow_blocks > RECURRENT_BLOCKS_PER_SM * card.sm_count:
-        return "gdn_recurrent_wide", WIDE_COLS
-    return "gdn_recurrent", RECURRENT_COLS
+        return f"{name}_wide", WIDE_COLS
+    return name, RECURRENT_COLS
 
 
 def gdn_recurrent(
-    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, conv_out: DeviceBuffer,
+    card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, conv_out: DeviceBuffer | None,
     inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, stream: Stream | None = None, ring: GdnRing | None = None,
     slots: SlotRows | None = None,
 ) -> None:
     """Token-by-token delta rule + gated norm (rms eps `eps`): y [T][Cv] (and its Q8_1 copy); the recurrent
     state advances (and `ring` gets the states after the first T-1 tokens). With `slots` row t is the one
-    new token of its slot's sequence (its own state; `counters` then holds T sets of head counters)."""
+    new token of its slot's sequence (its own state; `counters` then holds T sets of counters).
+
+    `conv_out` None: the kernel also does the conv + SiLU of the rows' tokens from `inputs.mix` and advances the
+    conv state, as gdn_conv_silu would (gdn_recurrent_conv, same bits, one launch instead of two): for one token
+    per row only (a decode token, or slot rows), never with a ring."""
     _check_tokens(n_tokens)
     _one_state(state, slots, ring)
     if ring is not None:
         ring.check(state, n_tokens)
     inputs.check(dims, n_tokens)
-    _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
+    conv = conv_out is None
+    if conv and (ring is not None or (slots is None and n_tokens != 1)):
+        raise ValueError("the recurrent kernel does the conv for one token per row, without a ring; "
+                         f"run gdn_conv_silu first for {n_tokens} tokens of one sequence")
+    if not conv:
+        _check_out("conv output", conv_out, F32 * n_tokens * dims.cc)
     _check_out("y", y, F32 * n_tokens * dims.cv)
-    _check_out("head counters", counters, 4 * dims.n_v_heads * (n_tokens if slots is not None else 1))
+    _check_out("counters", counters, 4 * counter_count(dims, n_tokens if slots is not None else 1))
     yq, yd = _q8_args(dims, y_q8, n_tokens)
-    name, cols = recurrent_form(card, dims, n_tokens if slots is not None else None)
+    name, cols = recurrent_form(card, dims, n_tokens if slots is not None else None, conv)
     grid = (dims.n_v_heads, -(-dims.d_v // cols)) + ((n_tokens,) if slots is not None else ())
+    conv_args = ((inputs.mix.buf, np.int64(inputs.mix.stride), weights.conv_w, state.conv if state else None)
+                 if conv else (None, np.int64(0), None, None))
     card.kernel(name).launch(
-        grid, RECURRENT_THREADS, conv_out, inputs.z.buf,
+        grid, RECURRENT_THREADS, conv_out, *conv_args, inputs.z.buf,
         np.int64(inputs.z.stride), inputs.b.buf, np.int64(inputs.b.stride), inputs.alpha.buf,
         np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm,
         state.recurrent if state else None, y, yq, yd, counters, np.int32(1 if slots is not None else n_tokens),
@@ -307,7 +327,7 @@ def gdn_mixer(
     card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, inputs: GdnInputs,
     conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, recurrent: bool | None = None, stream: Stream | None = None,
-    ring: GdnRing | None = None, slots: SlotRows | None = None,
+    ring: GdnRing | None = None, slots: SlotRows | None = None, fuse_conv: bool = True,
 ) -> None:
     """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv]
     (and its Q8_1 copy, the ssm_out GEMV's input). `eps` is the model's rms_eps.
@@ -315,11 +335,16 @@ def gdn_mixer(
     `recurrent` picks the delta-rule form (default: recurrent up to RECURRENT_MAX_TOKENS tokens); both are
     the same function of the inputs and the state, so the choice is only about speed. `ring` (speculative
     verify) keeps the per-token states and needs the recurrent form, as do `slots` (a slot-indexed step:
-    each row continues its own slot's state instead of `state`).
+    each row continues its own slot's state instead of `state`). One token per row without a ring (a decode
+    token, slot rows) takes one launch, the recurrent kernel doing the conv too, unless `fuse_conv` is False
+    (the tests' two-launch baseline: the same bits).
     """
     use_recurrent = n_tokens <= RECURRENT_MAX_TOKENS if recurrent is None else recurrent
     if (ring is not None or slots is not None) and not use_recurrent:
         raise ValueError("per-token states (a GDN ring) and slot-indexed rows need the recurrent form")
+    if use_recurrent and fuse_conv and ring is None and (slots is not None or n_tokens == 1):
+        gdn_recurrent(card, dims, weights, state, None, inputs, y, counters, n_tokens, eps, y_q8, stream, None, slots)
+        return
     gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream, ring, slots)
     if use_recurrent:
         gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream, ring,

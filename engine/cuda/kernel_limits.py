@@ -46,6 +46,8 @@ HOT_KERNELS = frozenset(
         "gdn_conv_silu",
         "gdn_recurrent",
         "gdn_recurrent_wide",
+        "gdn_recurrent_conv",
+        "gdn_recurrent_conv_wide",
         "gdn_chunk_prefill",
         "gdn_gated_norm",
         "argmax_partial",

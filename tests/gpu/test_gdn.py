@@ -29,6 +29,7 @@ from engine.cuda.gdn import (
     GdnInputs,
     Rows,
     alloc_head_counters,
+    counter_count,
     gdn_conv_silu,
     gdn_mixer,
     recurrent_form,
@@ -183,9 +184,11 @@ class DeviceGdn:
         self.counters = alloc_head_counters(card, d, "test.gdn.counters")
         self.last_q8: tuple[np.ndarray, np.ndarray] | None = None  # (xq, xd) of the last step, when asked
 
-    def step(self, proj: Projections, recurrent: bool | None = None, q8: bool = False, ring=None) -> np.ndarray:
+    def step(self, proj: Projections, recurrent: bool | None = None, q8: bool = False, ring=None,
+             fuse_conv: bool = True) -> np.ndarray:
         """Run T tokens; returns y [T, Cv]. `recurrent` picks the form (default: gdn_mixer's choice); `q8`
-        also asks for the Q8_1 copy of y, left in `last_q8`; `ring` keeps the per-token states (a verify)."""
+        also asks for the Q8_1 copy of y, left in `last_q8`; `ring` keeps the per-token states (a verify);
+        `fuse_conv` False keeps a one-token step on two launches (conv, then the recurrence)."""
         d, card, n_tok = self.dims, self.card, proj.n_tokens
         stacked = card.upload(proj.stacked, "test.gdn.proj")
         width = proj.stacked.shape[1]
@@ -195,7 +198,7 @@ class DeviceGdn:
         y = card.alloc(F32 * n_tok * d.cv, "test.gdn.y")
         y_q8 = alloc_q8_activations(card, d.cv, n_tok, "test.gdn.y_q8") if q8 else None
         gdn_mixer(card, d, self.weights, self.state, inputs, conv_out, y, self.counters, n_tok, self.layer.eps, y_q8,
-                  recurrent, ring=ring)
+                  recurrent, ring=ring, fuse_conv=fuse_conv)
         card.synchronize()
         if y_q8 is not None:
             self.last_q8 = (y_q8.xq.download(np.int8, (n_tok, d.cv)), y_q8.xd.download(np.float32, (n_tok, d.cv // 32)))
@@ -260,8 +263,30 @@ def test_decode_steps_carry_the_state(card, rng, dims):
         proj = random_projections(dims, 1, rng)
         run_and_compare(dev, ref_state, proj, f"{NAMES[dims]} token {t}", q8=dims.d_v % 32 == 0)
     assert_states_close(dev.states(), ref_state, NAMES[dims])
-    counters = dev.counters.download(np.uint32, dims.n_v_heads)
-    assert_equal(counters, np.zeros(dims.n_v_heads, np.uint32), "arrival counters")
+    counters = dev.counters.download(np.uint32, counter_count(dims))
+    assert_equal(counters, np.zeros(counter_count(dims), np.uint32), "arrival counters")
+
+
+@pytest.mark.parametrize("dims", shapes(SMALL, SHAPE_9B, SHAPE_27B, TINY, ODD))
+def test_one_launch_decode_equals_conv_then_recurrence(card, rng, dims):
+    """Issue 30: a decode token's one launch (gdn_recurrent_conv: the conv done by the blocks that read it, the
+    q/k channels' state advanced by the last reader of their key head) against the two launches, from the same
+    random state, five tokens: y, its Q8_1 copy, both states and the counters, bit for bit."""
+    layer = random_layer(dims, rng)
+    start = random_state(dims, rng)
+    fused, split = DeviceGdn(card, layer, start), DeviceGdn(card, layer, start)
+    q8 = dims.d_v % 32 == 0
+    for t in range(5):
+        proj = random_projections(dims, 1, rng)
+        assert_equal(fused.step(proj, q8=q8), split.step(proj, q8=q8, fuse_conv=False), f"{NAMES[dims]} token {t}: y")
+        if q8:
+            assert_equal(fused.last_q8[0], split.last_q8[0], f"token {t}: Q8_1 values")
+            assert_equal(fused.last_q8[1], split.last_q8[1], f"token {t}: Q8_1 scales")
+    mine, theirs = fused.states(), split.states()
+    assert_equal(mine.conv, theirs.conv, "conv state")
+    assert_equal(mine.recurrent, theirs.recurrent, "recurrent state")
+    assert_equal(fused.counters.download(np.uint32, counter_count(dims)), np.zeros(counter_count(dims), np.uint32),
+                 "arrival counters")
 
 
 @pytest.mark.parametrize("dims", shapes(SMALL, ODD))
@@ -348,12 +373,14 @@ def test_restored_state_replays_bit_for_bit(card, rng):
     assert_equal(again.recurrent, after_first.recurrent, "recurrent state after restore")
 
 
+@pytest.mark.parametrize("fuse_conv", [True, False], ids=["one_launch", "conv_then_recurrence"])
 @pytest.mark.parametrize("rows", [2, 8])
-def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows):
+def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows, fuse_conv):
     """A slot-indexed step of the 9B shape (row b: one token of slot row_slot[b], slots in shuffled order, each
     with its own random state) against each sequence's own one-token step: y, its Q8_1 copy and both states bit
     for bit. At 8 rows the narrow kernel's 2,048 blocks pass one wave of the H200, so the step takes
-    gdn_recurrent_wide, whose sums keep the narrow kernel's order (gdn.cu); at 2 rows it takes the narrow one."""
+    gdn_recurrent_wide, whose sums keep the narrow kernel's order (gdn.cu); at 2 rows it takes the narrow one.
+    The batch runs as one launch (the conv forms) or as conv then recurrence; each sequence alone, as one launch."""
     dims = SHAPE_9B
     layer = random_layer(dims, rng)
     starts = [random_state(dims, rng) for _ in range(rows)]
@@ -381,7 +408,7 @@ def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows):
     y_q8 = alloc_q8_activations(card, dims.cv, rows, "test.gdn.y_q8")
     counters = alloc_head_counters(card, dims, "test.gdn.slot_counters", rows=rows)
     gdn_mixer(card, dims, batched[0].weights, None, inputs, conv_out, y, counters, rows, layer.eps, y_q8,
-              slots=slots)
+              slots=slots, fuse_conv=fuse_conv)
     card.synchronize()
     got = y.download(np.float32, (rows, dims.cv))
     xq, xd = y_q8.xq.download(np.int8, (rows, dims.cv)), y_q8.xd.download(np.float32, (rows, dims.cv // 32))
@@ -392,5 +419,5 @@ def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows):
         mine, theirs = batched[slot].states(), alone[slot].states()
         assert_equal(mine.conv, theirs.conv, f"slot {slot}: conv state")
         assert_equal(mine.recurrent, theirs.recurrent, f"slot {slot}: recurrent state")
-    assert_equal(counters.download(np.uint32, rows * dims.n_v_heads), np.zeros(rows * dims.n_v_heads, np.uint32),
-                 "arrival counters")
+    assert_equal(counters.download(np.uint32, counter_count(dims, rows)),
+                 np.zeros(counter_count(dims, rows), np.uint32), "arrival counters")

@@ -41,6 +41,8 @@ def test_kernels_are_given_the_bytes_they_move():
     assert kernel_bytes("gemv_q8_t1_r4_u2", cfg, 512, 7) == kernel_bytes("gemv_kq_q4_k_t1", cfg, 512, 7) == 7
     assert kernel_bytes("attn_decode_d256_g4", cfg, 1024, 7) == 2 * kernel_bytes("attn_decode_d256_g4", cfg, 512, 7)
     assert kernel_bytes("rmsnorm_q8_1", cfg, 512, 7) == kernel_bytes("argmax_final", cfg, 512, 7) == 0
+    both = kernel_bytes("gdn_recurrent", cfg, 512, 7) + kernel_bytes("gdn_conv_silu", cfg, 512, 7)
+    assert kernel_bytes("gdn_recurrent_conv", cfg, 512, 7) == kernel_bytes("gdn_recurrent_conv_wide", cfg, 512, 7) == both
 
 
 def test_a_bandwidth_bound_kernel_keeps_its_fraction_of_the_read_ceiling():

@@ -139,14 +139,37 @@ def _mixer_launches(dims: gdn.GdnDims, n_tokens: int, card: _RecordingCard | Non
     return card.launches
 
 
-@pytest.mark.parametrize("n_tokens", [1, gdn.RECURRENT_MAX_TOKENS])
-def test_short_batches_take_the_recurrent_kernel(n_tokens):
+def test_short_batches_take_the_recurrent_kernel():
     dims = gdn.GdnDims(16, 48, 128, 128)
-    launches = _mixer_launches(dims, n_tokens)
+    launches = _mixer_launches(dims, gdn.RECURRENT_MAX_TOKENS)
     assert [(name, grid, block) for name, grid, block, _, _ in launches] == [
         ("gdn_conv_silu", (-(-dims.cc // gdn.CONV_THREADS), 1), gdn.CONV_THREADS),
         ("gdn_recurrent", (48, 128 // gdn.RECURRENT_COLS), gdn.RECURRENT_THREADS),
     ]
+
+
+def test_one_token_per_row_takes_one_launch_that_does_the_conv_too():
+    """A decode token and slot rows: gdn_recurrent_conv alone (issue 30), unless the caller asks for the two
+    launches (the GPU tests' bit-for-bit baseline); a verify with its ring keeps both."""
+    dims = gdn.GdnDims(16, 48, 128, 128)
+    assert [(n, g) for n, g, *_ in _mixer_launches(dims, 1)] == [("gdn_recurrent_conv", (48, 128 // gdn.RECURRENT_COLS))]
+    assert [n for n, *_ in _mixer_launches(dims, 2, slot_rows=True)] == ["gdn_recurrent_conv_wide"]  # 768 blocks
+    assert [n for n, *_ in _mixer_launches(dims, 1, fuse_conv=False)] == ["gdn_conv_silu", "gdn_recurrent"]
+    ring = SimpleNamespace(check=lambda state, n: None, conv=_Buffer(1 << 30), recurrent=_Buffer(1 << 30))
+    assert [n for n, *_ in _mixer_launches(dims, 1, ring=ring)] == ["gdn_conv_silu", "gdn_recurrent"]
+
+
+def test_the_conv_form_refuses_what_it_cannot_do():
+    dims = gdn.GdnDims(2, 6, 16, 72)
+    big = _Buffer(1 << 30)
+    rows = gdn.Rows(big, dims.cc + dims.cv + 2 * dims.n_v_heads)
+    weights = SimpleNamespace(conv_w=big, ssm_a=big, dt_bias=big, ssm_norm=big)
+    with pytest.raises(ValueError, match="conv for one token per row"):
+        gdn.gdn_recurrent(_RecordingCard(), dims, weights, SimpleNamespace(conv=big, recurrent=big), None,
+                          gdn.GdnInputs(rows, rows, rows, rows), big, big, 3, 1e-6)
+    with pytest.raises(ValueError, match="counters"):
+        gdn.gdn_recurrent(_RecordingCard(), dims, weights, SimpleNamespace(conv=big, recurrent=big), None,
+                          gdn.GdnInputs(rows, rows, rows, rows), big, _Buffer(4 * dims.n_v_heads), 1, 1e-6)
 
 
 @pytest.mark.parametrize("rows, sm_count, wide", [(1, 132, False), (2, 132, False), (3, 132, True), (8, 132, True),
@@ -158,9 +181,10 @@ def test_slot_batches_past_one_wave_of_narrow_blocks_take_the_wide_form(rows, sm
     card = _RecordingCard(sm_count)
     name, grid, block, _, _ = _mixer_launches(dims, rows, card=card, slot_rows=True)[-1]
     cols = gdn.WIDE_COLS if wide else gdn.RECURRENT_COLS
-    assert (name, grid, block) == ("gdn_recurrent_wide" if wide else "gdn_recurrent", (32, 128 // cols, rows),
-                                   gdn.RECURRENT_THREADS)
-    assert gdn.recurrent_form(card, dims, rows) == (name, cols)
+    assert (name, grid, block) == ("gdn_recurrent_conv_wide" if wide else "gdn_recurrent_conv",
+                                   (32, 128 // cols, rows), gdn.RECURRENT_THREADS)
+    assert gdn.recurrent_form(card, dims, rows, conv=True) == (name, cols)
+    assert gdn.recurrent_form(card, dims, rows) == (name.replace("_conv", ""), cols)
 
 
 def test_one_sequence_keeps_the_narrow_form_even_on_a_card_of_few_sms():

@@ -48,7 +48,10 @@ def kernel_bytes(name: str, cfg: ModelConfig, depth: int, weight_bytes: int) -> 
     caller shares the step's matrix bytes among several GEMV kernels, `gemv_shares`)."""
     if name.startswith("gemv_"):
         return weight_bytes
-    for family, nbytes in state_bytes(cfg, depth).items():
+    families = state_bytes(cfg, depth)
+    if name.startswith("gdn_recurrent_conv"):  # the recurrence with the conv folded in moves both states
+        return families["gdn_recurrent"] + families["gdn_conv"]
+    for family, nbytes in families.items():
         if name.startswith(family):
             return nbytes
     return 0

@@ -24,6 +24,13 @@ extern "C" __global__ void __launch_bounds__(256) dp4a_peak(int* __restrict__ ou
     if (total == never) out[0] = total;
 }
 
+// The cost of one node of a CUDA graph: a launch that does (almost) nothing, so back-to-back launches of it in a graph
+// time the launch, dependency and drain of a kernel with no work (engine/cuda/bench/decode_bounds.py). It stores only
+// if `never` matches, like dp4a_peak, so it has a parameter and a body as a real kernel has.
+extern "C" __global__ void graph_node_probe(int* __restrict__ out, int never) {
+    if ((int)threadIdx.x == never) out[0] = never;
+}
+
 // A stateless 32-bit hash (lowbias32): the same (seed, index) always gives the same value on any device.
 __device__ __forceinline__ unsigned hash_u32(unsigned x) {
     x ^= x >> 16;

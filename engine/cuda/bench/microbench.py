@@ -2,6 +2,7 @@
 
 - copy bandwidth: a large device-to-device copy, counted as read + write (as targets.md's 4281 GB/s);
 - DP4A peak: `dp4a_peak`, 8 independent chains per thread, 16 blocks of 256 threads per SM;
+- graph node: `graph_node_us`, back-to-back empty launches in one graph (a kernel's cost before any work);
 - GEMV bandwidth: `gemv_q8_t1` on every weight matrix of one decode step of a model shape (stacked as
   the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
   repeats, replayed from a CUDA graph and timed with CUDA events; plus the whole step's GEMV bytes
@@ -78,6 +79,23 @@ def dp4a_peak(card: CudaCard, iters: int = 4096, reps: int = 5) -> dict[str, flo
         out.free()
     ops = blocks * threads * iters * DP4A_CHAINS * OPS_PER_DP4A
     return {"ms": ms, "tops": ops / (ms * 1e-3) / 1e12}
+
+
+def graph_node_us(card: CudaCard, launches: int = 256, reps: int = 5) -> float:
+    """Microseconds per node of a graph of back-to-back one-block launches that do nothing (`graph_node_probe`):
+    what every kernel of a decode step pays before any work, the floor a latency-bound kernel cannot go under."""
+    out = card.alloc(4, "bench.node.out")
+    kernel = card.kernel("graph_node_probe")
+
+    def empty_launches(_: int) -> None:
+        for _ in range(launches):
+            kernel.launch(1, 32, out, np.int32(-1))
+
+    try:
+        ms = time_graph_ms(card, reps, empty_launches)
+    finally:
+        out.free()
+    return 1e3 * ms / launches
 
 
 @dataclass(frozen=True)
@@ -210,6 +228,7 @@ def run_microbench(card: CudaCard, shape: str = "9b") -> dict[str, Any]:
     """Ceilings and GEMV speeds for `card`, as one JSON-ready dict."""
     copy = copy_bandwidth(card)
     dp4a = dp4a_peak(card)
+    node_us = graph_node_us(card)
     gemvs = [gemv_bandwidth(card, s) for s in decode_gemvs(shape_config(shape))]
     step_bytes = sum(g["bytes"] * g["count_per_token"] for g in gemvs)
     step_us = sum(g["us"] * g["count_per_token"] for g in gemvs)
@@ -220,6 +239,7 @@ def run_microbench(card: CudaCard, shape: str = "9b") -> dict[str, Any]:
         "sm_count": card.sm_count,
         "copy_gb_per_s": copy["gb_per_s"],
         "dp4a_tops": dp4a["tops"],
+        "graph_node_us": node_us,
         "gemv": gemvs,
         "gemv_step": {
             "shape": shape,

@@ -18,7 +18,9 @@ prefill = the H200 time scaled by the ratio of DP4A peaks (measured here / 17.2 
 the prefill is compute-bound on DP4A and fp32 FMA alike (their H200/CMP ratios are 7.7 and ~6.8).
 These are projections, not measurements, and are labelled so in the output. A second decode projection
 takes each kernel of the step by what bounds it (engine/cuda/bench/cmp_model.py: bandwidth-bound kernels
-at their fraction of 818 GB/s, latency-bound ones at clock-scaled time).
+at their fraction of 818 GB/s, latency-bound ones at clock-scaled time). The step's floor under its launch
+structure (engine/cuda/bench/decode_bounds.py: each GEMV's measured fixed cost, each other launch at an empty
+graph node) is set beside the measured step and the 80% target.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gguf import GGMLQuantizationType
 from engine.cuda.bench.constrained_steps import constrained_step_costs, render_constrained
 from engine.cuda.bench.slot_depth import slots_at_depth
 from engine.cuda.bench.cmp_model import CMP_READ_GBPS, project_step, render_projection, state_bytes
+from engine.cuda.bench.decode_bounds import decode_bounds, render_bounds
 from engine.cuda.bench.microbench import run_microbench, time_graph_ms
 from engine.cuda.bench.prefill_breakdown import prefill_breakdown, render_prefill_breakdown
 from engine.cuda.bench.profile import kernel_breakdown
@@ -255,6 +258,9 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "batched_step_kernel_breakdown": wide_breakdown,
         "constrained_steps": constrained,
         "cmp_kernel_model": project_step(cfg, breakdown, read_ceiling, matrix_read_bytes(weights, cfg)),
+        # the line is fitted to the microbenchmark's Q8_0 GEMVs: a K-quant step's launches are not priced by it
+        "decode_bounds": (None if kquant_types_of(weights) else
+                          decode_bounds(breakdown, micro, read_ceiling, decode[depths[0]]["bytes_per_token"])),
         "qengine_cmp": QENGINE.get(shape),
         "microbench": micro,
     }
@@ -296,6 +302,8 @@ def render_table(r: dict[str, Any]) -> str:
             lines.append(f"  {name:<28} x{k['launches']:<4} {k['us']:>7.0f} us")
     if "constrained_steps" in r:
         lines.extend(render_constrained(r["constrained_steps"]))
+    if r.get("decode_bounds"):
+        lines.append(render_bounds(r["decode_bounds"]))
     if "cmp_kernel_model" in r:
         lines.append(render_projection(r["cmp_kernel_model"]))
     if r["prefill_4k_vs_fastest_decode"] is not None:

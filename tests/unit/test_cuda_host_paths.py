@@ -73,7 +73,8 @@ def test_a_batched_step_launches_each_mixer_once_with_its_rows_slots(demo, kv):
     rows = dec.batch.row_slot.download(np.int32, 3).tolist()
     assert rows == [0, 2, 3]  # rows follow the slots' order, as the picks' logits rows do
     names = [name for name, *_ in card.launches]
-    assert names.count("gdn_recurrent") == len(cfg.gdn_layers) and names.count("attn_prep") == len(cfg.attention_layers)
+    assert names.count("gdn_recurrent_conv") == len(cfg.gdn_layers) and names.count("attn_prep") == len(cfg.attention_layers)
+    assert "gdn_conv_silu" not in names  # one launch per GDN layer: the recurrence does the conv (issue 30)
 
 
 def test_slot_layout_constants_mirror_common_cuh():

@@ -40,19 +40,25 @@ extern "C" __global__ void rmsnorm_q8_1(const float* __restrict__ x, int in_stri
                                         float* __restrict__ xd, int out_stride) {
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * in_stride;
-    float sum_sq = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq += xr[i] * xr[i];
-    const float inv = rms_inverse(block_sum(sum_sq, scratch), n, eps);
-
     const size_t out_row = (size_t)blockIdx.x * out_stride;
     const int lane = threadIdx.x & 31;
     const int n_blocks = (n + 31) >> 5;
     // gridDim.y blocks may share a row (decode: one row is too little work for one block): each computes
     // the same sum of squares in the same order, then writes every gridDim.y-th warp's share of the row.
     const int warps = blockDim.x >> 5;
-    for (int b = (threadIdx.x >> 5) + blockIdx.y * warps; b < n_blocks; b += warps * gridDim.y) {  // a warp per 32-block
+    const int first = (threadIdx.x >> 5) + blockIdx.y * warps;  // this warp's first 32-block
+    // Its x and w are loaded before the reduction, so their latency overlaps it instead of following it: in a decode
+    // norm each warp writes one 32-block, which then waits for one memory round trip instead of two in a row.
+    const int i0 = first * 32 + lane;
+    const float x0 = first < n_blocks && i0 < n ? xr[i0] : 0.f;
+    const float w0 = first < n_blocks && i0 < n ? w[i0] : 0.f;
+    float sum_sq = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq += xr[i] * xr[i];
+    const float inv = rms_inverse(block_sum(sum_sq, scratch), n, eps);
+
+    for (int b = first; b < n_blocks; b += warps * gridDim.y) {  // a warp per 32-block
         const int i = b * 32 + lane;
-        const float v = i < n ? (xr[i] * inv) * w[i] : 0.f;
+        const float v = i >= n ? 0.f : b == first ? (x0 * inv) * w0 : (xr[i] * inv) * w[i];
         if (y != nullptr && i < n) y[out_row + i] = v;
         if (xq != nullptr) q8_1_quantize_warp(v, xq + out_row + i, xd + out_row / 32 + b);
     }

@@ -228,7 +228,8 @@ ab)  # a kernel change that keeps every output bit (the same sums, fewer instruc
     # machine state. The base runs from its own tree, .kbz/base-tree.tar.xz (`git archive BASE engine cuda_src`),
     # with its build .kbz/kbuild-base.tar.xz (`rigllm build-kernels --arch 90` in a worktree of BASE): a prebuilt
     # image is used only when its source hash matches the tree it runs from.
-    # AB_TESTS: the GPU tests of the changed kernels (default: the matmuls' and the batch-equality ones)
+    # AB_TESTS: the GPU tests of the changed kernels (default: the matmuls' and the batch-equality ones);
+    # AB_SHAPES, AB_REPEAT: see below
     setup
     shift
     tests=${AB_TESTS:-tests/gpu/test_gemv.py tests/gpu/test_gemm.py tests/gpu/test_kquant_kernels.py \
@@ -249,19 +250,26 @@ ab)  # a kernel change that keeps every output bit (the same sums, fewer instruc
     base=/tmp/rigllm-base
     rm -rf "$base" && mkdir -p "$base/.kbuild" && tar -C "$base" -xJf .kbz/base-tree.tar.xz \
         && tar -C "$base/.kbuild" -xJf .kbz/kbuild-base.tar.xz
-    bench=(bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512)
-    job bench-9b-q8_0-new 150 python3 tests/gpu/bench_q8_choice.py "${sweeps[@]}" -- "${bench[@]}" \
-        --json "$RES/$DAY-h200-bench-9b-q8_0-new.json"
-    wait
-    # the base's logs and JSON name the base commit (RIGLLM_BASE_COMMIT), not this call's
-    ( cd "$base" && COMMIT=${RIGLLM_BASE_COMMIT:-base} && PYTHONPATH="/tmp/rigllm-site:$base" \
-      RIGLLM_KERNEL_DIR="$base/.kbuild" RIGLLM_COMMIT="$COMMIT" \
-      job bench-9b-q8_0-base 150 python3 -m engine.cli "${bench[@]}" \
-          --json "$RES/$DAY-h200-bench-9b-q8_0-base.json"; wait )
-    for side in new base; do
-        echo "bench-9b-q8_0-$side: $(cat "$RES/bench-9b-q8_0-$side.rc") ($SECONDS s)"
-        grep -E "^prefill|^depth|^   512|^      [1248] " "$RES/bench-9b-q8_0-$side.log"
-        grep -A3 -E "^decode step at|^batched step" "$RES/bench-9b-q8_0-$side.log"
+    # AB_SHAPES (default 9b) and AB_REPEAT (default 1): new then base for each shape, repeated, so that run-to-run
+    # spread shows beside the difference; a repeat's names end in -r2, -r3, ...
+    for r in $(seq 1 "${AB_REPEAT:-1}"); do
+        for shape in ${AB_SHAPES:-9b}; do
+            tag="$shape-q8_0"; [ "$r" = 1 ] || tag="$tag-r$r"
+            bench=(bench --synthetic "$shape" --weights q8_0 --prompts 512 --depths 512)
+            job "bench-$tag-new" 150 python3 tests/gpu/bench_q8_choice.py "${sweeps[@]}" -- "${bench[@]}" \
+                --json "$RES/$DAY-h200-bench-$tag-new.json"
+            wait
+            # the base's logs and JSON name the base commit (RIGLLM_BASE_COMMIT), not this call's
+            ( cd "$base" && COMMIT=${RIGLLM_BASE_COMMIT:-base} && PYTHONPATH="/tmp/rigllm-site:$base" \
+              RIGLLM_KERNEL_DIR="$base/.kbuild" RIGLLM_COMMIT="$COMMIT" \
+              job "bench-$tag-base" 150 python3 -m engine.cli "${bench[@]}" \
+                  --json "$RES/$DAY-h200-bench-$tag-base.json"; wait )
+            for side in new base; do
+                echo "bench-$tag-$side: $(cat "$RES/bench-$tag-$side.rc") ($SECONDS s)"
+                grep -E "^prefill|^depth|^   512|^      [1248] " "$RES/bench-$tag-$side.log"
+                grep -A3 -E "^decode step at|^batched step" "$RES/bench-$tag-$side.log"
+            done
+        done
     done ;;
 serve)  # issue 28's serve check: the 9B Q8_0 bench (its concurrent_streams), then the same stream counts through
         # `rigllm serve` and the openai client on the synthetic 9B GGUF (engine.bench_peer.serve_streams), the ratio last

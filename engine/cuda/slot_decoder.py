@@ -39,7 +39,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
-from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of
+from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of, token_logprobs_of
 from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
@@ -372,14 +372,14 @@ class SlotDecoder:
         """The picks of the step queued last (`launch`, or `step`'s own), waiting for it to end."""
         (slots, asked), self._queued = self._queued, ([], set())
         self.gaps.wait()
-        size = LOGPROB_DTYPE.itemsize
+        rows = [row for row, slot in enumerate(slots) if slot in asked]
+        records = self._host_logprobs[: LOGPROB_DTYPE.itemsize * len(slots)].view(LOGPROB_DTYPE)
+        logprobs = dict(zip(rows, token_logprobs_of(records[rows], [self._top_logprobs[slots[r]] for r in rows])))
         picks = {}
         for row, slot in enumerate(slots):
             logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)
                       if self._host_logits[slot] else None)
-            logprobs = (self._logprob_record(slot, self._host_logprobs[size * row : size * (row + 1)])
-                        if slot in asked else None)
-            picks[slot] = Pick(int(self._host_tokens[row]), logits, logprobs=logprobs)
+            picks[slot] = Pick(int(self._host_tokens[row]), logits, logprobs=logprobs.get(row))
         return picks
 
     def prepare_step(self, slots: Sequence[int], token: int = 1) -> None:

@@ -300,6 +300,27 @@ def test_a_logprob_record_reads_as_the_schedulers_token_logprob():
         token_logprob_of(rec, 21)
 
 
+def test_a_batch_of_records_reads_as_each_record_alone_in_python_floats():
+    """token_logprobs_of's whole-array float64 arithmetic gives exactly what Python floats give record by record:
+    float(x) - lse for every logit, padding ids dropped, each row's own top count."""
+    from engine.cuda.logprobs import LOGPROB_DTYPE, LOGPROB_TOP, token_logprobs_of
+
+    rng = np.random.default_rng(5)
+    recs = np.zeros(4, LOGPROB_DTYPE)
+    recs["lse"] = rng.normal(0, 30, 4)
+    recs["token_logit"] = rng.normal(0, 30, 4)
+    recs["token"] = rng.integers(0, 248320, 4)
+    recs["top_id"] = rng.integers(0, 248320, (4, LOGPROB_TOP))
+    recs["top_id"][2, 5:] = -1
+    recs["top_logit"] = rng.normal(0, 30, (4, LOGPROB_TOP))
+    top_ns = [20, 0, 20, 3]
+    for rec, n, got in zip(recs, top_ns, token_logprobs_of(recs, top_ns)):
+        lse = float(rec["lse"])
+        want = tuple((int(i), float(x) - lse) for i, x in zip(rec["top_id"][:n], rec["top_logit"][:n]) if i >= 0)
+        assert got.token == int(rec["token"]) and got.logprob == float(rec["token_logit"]) - lse and got.top == want
+    assert token_logprobs_of(recs[[]], []) == []
+
+
 def test_sampling_modes_are_data_one_graph_serves_greedy_and_sampled_slots(demo):
     """Switching a slot between greedy and sampled requests reuses the step graph (the mode is in the slot's
     parameter buffer, written at begin for greedy requests too)."""

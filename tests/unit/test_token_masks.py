@@ -172,4 +172,5 @@ def test_the_constrained_step_bench_counts_what_crosses_pcie(demo):
     assert wide["mask_fresh"]["h2d_bytes_per_token"] >= words
     assert wide["plain"]["h2d_bytes_per_token"] < 200 and wide["plain"]["d2h_bytes_per_token"] == 4
     assert wide["logprobs_top20"]["d2h_bytes_per_token"] > wide["plain"]["d2h_bytes_per_token"]
+    assert wide["plain"]["card_idle_us_per_step"] == 1000.0  # the stand-in's events: 1 ms between any two
     assert len(render_constrained(r)) == 1 + 2 * 5

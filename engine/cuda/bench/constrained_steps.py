@@ -3,7 +3,8 @@
 
 Every kind steps the same slots at the same depth through `SlotDecoder.step` (the host's work included: the
 mask's digest, the step buffer, the read-back), greedy, timed over `steps` steps after an untimed one. The
-bytes are the card's own counters of what went up and came down (engine.cuda.driver) over the timed steps.
+card's idle time between steps (engine.cuda.step_gaps) is the host's share of a step. The bytes are the card's
+own counters of what went up and came down (engine.cuda.driver) over the timed steps.
 Masks are random bitsets made before timing (a grammar's own cost is the host's, not the step's):
 "repeating" cycles each row through 8 masks, as a grammar's states repeat (the pool uploads each once);
 "fresh" gives every row a new mask every step, the worst case (every step uploads them all).
@@ -63,21 +64,26 @@ def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, request: 
         feeds = {row: 1 for row in rows}
         dec.step(feeds, masks(0))  # captures the width's graph
         up, down, uploads = card.h2d_bytes, card.d2h_bytes, dec.sampling.masks.uploads
+        idle_ms, gaps = dec.gaps.idle_ms, dec.gaps.steps
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
             feeds = {row: max(p.token, 0) for row, p in dec.step(feeds, masks(step)).items()}
         seconds = time.perf_counter() - t0
     tokens = steps * width
-    return {"us_per_step": 1e6 * seconds / steps, "h2d_bytes_per_token": (card.h2d_bytes - up) / tokens,
-            "d2h_bytes_per_token": (card.d2h_bytes - down) / tokens,
+    # the card's own clock between one step's read-back and the next step's first upload: the host's share
+    idle_us = 1e3 * (dec.gaps.idle_ms - idle_ms) / max(dec.gaps.steps - gaps, 1)
+    return {"us_per_step": 1e6 * seconds / steps, "card_idle_us_per_step": idle_us,
+            "h2d_bytes_per_token": (card.h2d_bytes - up) / tokens, "d2h_bytes_per_token": (card.d2h_bytes - down) / tokens,
             "mask_uploads": dec.sampling.masks.uploads - uploads}
 
 
 def render_constrained(r: dict[str, Any]) -> list[str]:
     """Lines for the bench's table."""
-    lines = [f"constrained steps at depth {r['depth']} (vocab {r['vocab']}): us/step, x plain, bytes/token up/down"]
+    lines = [f"constrained steps at depth {r['depth']} (vocab {r['vocab']}): us/step, x plain, card idle us/step, "
+             "bytes/token up/down"]
     for width, kinds in r["widths"].items():
         for name, k in kinds.items():
             lines.append(f"  {width} rows {name:<16} {k['us_per_step']:>7.0f} us  x{k['vs_plain']:.3f}  "
+                         f"idle {k.get('card_idle_us_per_step', float('nan')):>5.0f}  "
                          f"{k['h2d_bytes_per_token']:>7.0f} / {k['d2h_bytes_per_token']:>5.0f} B")
     return lines

@@ -189,7 +189,8 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
         }
         m_max = rigllm::warp_max(m_max);
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) last = max(last, __shfl_xor_sync(RIGLLM_FULL_MASK, last, offset));
+        for (int offset = 16; offset > 0; offset >>= 1)
+            last = max(last, __shfl_xor_sync(RIGLLM_FULL_MASK, last, offset));
         if ((d & 31) == 0) {
             block_max[d >> 5] = m_max;
             block_last[d >> 5] = last;

@@ -313,7 +313,8 @@ __device__ __forceinline__ void gdn_recurrent_body(
                (size_t)n * dk * dv;
     // CONV (n_tokens is 1): the row's conv state, looked up where it is used (see gdn_conv_one)
     auto conv_st = [&]() -> float* {
-        return row_slot != nullptr ? rigllm::slot_ptr<float>(slot_ptrs, row_slot, t0, RIGLLM_GDN_SLOT_PTRS, 0) : conv_state;
+        return row_slot != nullptr ? rigllm::slot_ptr<float>(slot_ptrs, row_slot, t0, RIGLLM_GDN_SLOT_PTRS, 0)
+                                   : conv_state;
     };
     // channel ch of token t's conv output: computed here (CONV), or read from gdn_conv_silu's
     auto channel = [&](int t, int ch) -> float {
@@ -338,7 +339,8 @@ __device__ __forceinline__ void gdn_recurrent_body(
         // (the barriers below publish them): held in registers across the sums they made ptxas spill at 64.
         if (ty == 0) {
             sv[tx] = col_ok ? channel(t, 2 * Ck + n * dv + c) : 0.f;
-            if (CONV && col_ok) gdn_conv_advance(mix, mix_stride, t0, conv_st(), 2 * Ck + n * dv + c, Cc);  // its only reader
+            if (CONV && col_ok)  // its only reader
+                gdn_conv_advance(mix, mix_stride, t0, conv_st(), 2 * Ck + n * dv + c, Cc);
         }
         if (tid == COLS) {
             sgate[0] = gdn_sigmoid(b[(size_t)(t0 + t) * b_stride + n]);
@@ -346,9 +348,9 @@ __device__ __forceinline__ void gdn_recurrent_body(
         }
         float ssq = 0.f, ssk = 0.f;
         if constexpr (CONV) {
-            // a convolved channel takes eight loads: q on threads [0, dk) and k on [128, 128 + dk), not both on
-            // the same thread, keep the registers under 64. k's partials then sit in warps 4-7 instead of 0-3, with
-            // zeros where they were: the same lanes and the same order of nonzero terms, so the same sums.
+            // a convolved channel takes eight loads, so q goes to threads [0, dk) and k to [128, 128 + dk), never
+            // both to one thread: that keeps the registers under 64. k's partials then sit in warps 4-7 instead of
+            // 0-3, with zeros where they were: the same lanes and the same order of nonzero terms, so the same sums.
             if (tid < dk) {
                 const float qv = channel(t, kh * dk + tid);
                 sq[tid] = qv;

@@ -4,9 +4,9 @@ Per GDN layer and batch of T tokens a runner calls `gdn_mixer` (or its parts): t
 which also advances the conv state; then either the recurrent kernel (decode, short verify batches: the
 state stays in registers across the tokens) or the chunked form followed by the gated RMSNorm (prompt
 chunks). One token per row (a decode token, a slot batch) takes a single launch: the recurrent kernel's
-conv form does the conv of the channels each block reads. The result is y [T][Cv] fp32, optionally also Q8_1 for the ssm_out GEMV. The state is a
-sequence's `GdnState` (engine.cuda.sequence): fp32 conv [Kc-1][Cc] (oldest first) and recurrent
-[Hv][dk][dv]; zeroing and snapshots are that module's driver memsets and copies.
+conv form does the conv of the channels each block reads. The result is y [T][Cv] fp32, optionally also
+Q8_1 for the ssm_out GEMV. The state is a sequence's `GdnState` (engine.cuda.sequence): fp32 conv [Kc-1][Cc]
+(oldest first) and recurrent [Hv][dk][dv]; zeroing and snapshots are that module's driver memsets and copies.
 
 A speculative verify passes a `GdnRing`: the conv and recurrent kernels then also write the state after
 each of the batch's first T-1 tokens, so accepting j of the drafts is a copy of ring slot j (`commit`)

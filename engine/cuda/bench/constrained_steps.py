@@ -73,7 +73,8 @@ def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, request: 
     # the card's own clock between one step's read-back and the next step's first upload: the host's share
     idle_us = 1e3 * (dec.gaps.idle_ms - idle_ms) / max(dec.gaps.steps - gaps, 1)
     return {"us_per_step": 1e6 * seconds / steps, "card_idle_us_per_step": idle_us,
-            "h2d_bytes_per_token": (card.h2d_bytes - up) / tokens, "d2h_bytes_per_token": (card.d2h_bytes - down) / tokens,
+            "h2d_bytes_per_token": (card.h2d_bytes - up) / tokens,
+            "d2h_bytes_per_token": (card.d2h_bytes - down) / tokens,
             "mask_uploads": dec.sampling.masks.uploads - uploads}
 
 
@@ -84,6 +85,6 @@ def render_constrained(r: dict[str, Any]) -> list[str]:
     for width, kinds in r["widths"].items():
         for name, k in kinds.items():
             lines.append(f"  {width} rows {name:<16} {k['us_per_step']:>7.0f} us  x{k['vs_plain']:.3f}  "
-                         f"idle {k.get('card_idle_us_per_step', float('nan')):>5.0f}  "
+                         f"idle {k['card_idle_us_per_step']:>5.0f}  "
                          f"{k['h2d_bytes_per_token']:>7.0f} / {k['d2h_bytes_per_token']:>5.0f} B")
     return lines

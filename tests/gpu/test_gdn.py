@@ -100,6 +100,13 @@ class Projections:
         d = self.dims
         return {"mix": 0, "z": d.cc, "b": d.cc + d.cv, "alpha": d.cc + d.cv + d.n_v_heads}[part]
 
+    def on_card(self, card) -> GdnInputs:
+        """The rows uploaded as one stacked buffer, each part a view of it at the stacked row stride."""
+        stacked = card.upload(self.stacked, "test.gdn.proj")
+        width = self.stacked.shape[1]
+        return GdnInputs(**{p: Rows(stacked.view(F32 * self.column(p), stacked.nbytes - F32 * self.column(p)), width)
+                            for p in PARTS})
+
     def part(self, part: str) -> np.ndarray:
         width = {"mix": self.dims.cc, "z": self.dims.cv, "b": self.dims.n_v_heads, "alpha": self.dims.n_v_heads}[part]
         return np.ascontiguousarray(self.stacked[:, self.column(part) : self.column(part) + width])
@@ -190,10 +197,7 @@ class DeviceGdn:
         also asks for the Q8_1 copy of y, left in `last_q8`; `ring` keeps the per-token states (a verify);
         `fuse_conv` False keeps a one-token step on two launches (conv, then the recurrence)."""
         d, card, n_tok = self.dims, self.card, proj.n_tokens
-        stacked = card.upload(proj.stacked, "test.gdn.proj")
-        width = proj.stacked.shape[1]
-        views = {p: stacked.view(F32 * proj.column(p), stacked.nbytes - F32 * proj.column(p)) for p in PARTS}
-        inputs = GdnInputs(**{p: Rows(views[p], width) for p in PARTS})
+        inputs = proj.on_card(card)
         conv_out = card.alloc(F32 * n_tok * d.cc, "test.gdn.conv_out")
         y = card.alloc(F32 * n_tok * d.cv, "test.gdn.y")
         y_q8 = alloc_q8_activations(card, d.cv, n_tok, "test.gdn.y_q8") if q8 else None
@@ -399,10 +403,7 @@ def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows, fuse_conv)
     table = card.upload(np.asarray([[d.state.conv.ptr, d.state.recurrent.ptr] for d in batched], np.uint64),
                         "test.gdn.slot_table")
     slots = SlotRows(card.upload(row_slot, "test.gdn.row_slot"), table)
-    stacked = card.upload(proj.stacked, "test.gdn.proj")
-    width = proj.stacked.shape[1]
-    inputs = GdnInputs(**{p: Rows(stacked.view(F32 * proj.column(p), stacked.nbytes - F32 * proj.column(p)), width)
-                          for p in PARTS})
+    inputs = proj.on_card(card)
     conv_out = card.alloc(F32 * rows * dims.cc, "test.gdn.conv_out")
     y = card.alloc(F32 * rows * dims.cv, "test.gdn.y")
     y_q8 = alloc_q8_activations(card, dims.cv, rows, "test.gdn.y_q8")

@@ -103,6 +103,20 @@ job() {
 
 left() { echo $((BUDGET_S - SECONDS)); }
 
+# q8_sweeps WIDTH...: the 9B Q8_0 GEMV sweep of each width, one after another, their JSON paths appended to `sweeps`
+# (for tests/gpu/bench_q8_choice.py); each prints its exit code, and with SWEEP_HEAD=1 its first lines too
+q8_sweeps() {
+    local t
+    for t in "$@"; do
+        job "sweep-t$t" 60 python3 -m engine.cli bench --synthetic 9b --gemv-sweep "$t" \
+            --json "$RES/$DAY-h200-gemv-sweep-9b-t$t.json"
+        wait
+        sweeps+=("$RES/$DAY-h200-gemv-sweep-9b-t$t.json")
+        echo "sweep-t$t: $(cat "$RES/sweep-t$t.rc") ($SECONDS s)"
+        if [ "${SWEEP_HEAD:-0}" = 1 ]; then head -4 "$RES/sweep-t$t.log" | tail -3; fi
+    done
+}
+
 case "$what" in
 prepare) prepare ;;
 tests)  # every GPU test (456 s alone on 2026-12-02), each outcome live; the API suite on cuda beside it (it took
@@ -209,13 +223,7 @@ q8-sweep)  # after a change to the Q8_0 GEMV variants or the decode mixers: thei
     wait
     echo "kernel-tests: $(cat "$RES/kernel-tests.rc") ($SECONDS s)"; tail -3 "$RES/kernel-tests.log"
     sweeps=()
-    for t in 1 2 3 4 5 6 7 8; do
-        job "sweep-t$t" 60 python3 -m engine.cli bench --synthetic 9b --gemv-sweep $t \
-            --json "$RES/$DAY-h200-gemv-sweep-9b-t$t.json"
-        wait
-        sweeps+=("$RES/$DAY-h200-gemv-sweep-9b-t$t.json")
-        echo "sweep-t$t: $(cat "$RES/sweep-t$t.rc") ($SECONDS s)"
-    done
+    q8_sweeps 1 2 3 4 5 6 7 8
     job bench-9b-q8_0 $(($(left) - 5)) python3 tests/gpu/bench_q8_choice.py "${sweeps[@]}" -- bench --synthetic 9b \
         --weights q8_0 --prompts 512 --depths 512 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
     wait
@@ -240,13 +248,7 @@ ab)  # a kernel change that keeps every output bit (the same sums, fewer instruc
     wait
     echo "kernel-tests: $(cat "$RES/kernel-tests.rc") ($SECONDS s)"; tail -3 "$RES/kernel-tests.log"
     sweeps=()
-    for t in "$@"; do
-        job "sweep-t$t" 60 python3 -m engine.cli bench --synthetic 9b --gemv-sweep "$t" \
-            --json "$RES/$DAY-h200-gemv-sweep-9b-t$t.json"
-        wait
-        sweeps+=("$RES/$DAY-h200-gemv-sweep-9b-t$t.json")
-        echo "sweep-t$t: $(cat "$RES/sweep-t$t.rc") ($SECONDS s)"; head -4 "$RES/sweep-t$t.log" | tail -3
-    done
+    SWEEP_HEAD=1 q8_sweeps "$@"
     base=/tmp/rigllm-base
     rm -rf "$base" && mkdir -p "$base/.kbuild" && tar -C "$base" -xJf .kbz/base-tree.tar.xz \
         && tar -C "$base/.kbuild" -xJf .kbz/kbuild-base.tar.xz

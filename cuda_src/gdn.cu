@@ -34,7 +34,6 @@
 // gdn_recurrent_wide too: its 16 state rows a thread also fit 64 registers without spills, and the launcher's
 // one-wave rule (engine/cuda/gdn.py recurrent_form) counts both forms at this residency
 #define GDN_RECURRENT_MIN_BLOCKS 4
-#define GDN_TILE_GROUPS 4       // row groups per thread of gdn_recurrent_conv_tile: 64 columns per block
 
 #define GDN_CHUNK 64            // chunk length of the parallel form (spec §6.8; same as the reference)
 #define GDN_CHUNK_THREADS 256   // 8 warps
@@ -257,13 +256,6 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // thread only, which advances its state at once; the q and k channels of key head kh are read by every block of
 // the Hv/Hk value heads paired with it, so the last of those blocks to finish (counted in the row's key counter,
 // which it resets) advances them. conv_out is not read.
-// gdn_recurrent_conv_tile: gdn_recurrent_conv for slot batches too large for one wave of the wide form (8 rows of
-// the 9B: 1,024 wide blocks against the H200's 528 resident), grid (Hv, dv / 64, rows), dv % 64 == 0. Each block
-// owns 64 columns, each thread four row groups (32 state rows), which do not fit 64 registers: the block's 32 KB
-// state tile is held in shared memory instead, each thread reading and writing only its own elements between the
-// moves in and out. A quarter of the narrow form's blocks, as many resident per SM (registers: 46 of 64; shared
-// memory: 38 KB a block, so 5 on the H200 and 2 on a Volta card's 96 KB), so a batch that took two waves of the wide
-// form takes one. Same sums in the same order as the narrow form, so the same bits.
 
 // Calls f(j, i, r) for each state row a thread holds: row i of its j-th row group g = ty + j * (16 / GROUPS),
 // r = g + 16 i, in the order every sum of the kernel follows.
@@ -280,7 +272,7 @@ __device__ __forceinline__ void gdn_thread_rows(int ty, F&& f) {
 
 // The kernels' body: GROUPS row groups per thread, 16 * GROUPS columns per block. Row group g (of 16) holds state
 // rows g, g + 16, .., g + 112; thread (tx, ty) holds groups ty + j * (16 / GROUPS), j < GROUPS.
-template <int GROUPS, bool CONV, bool SMEM_STATE>
+template <int GROUPS, bool CONV>
 __device__ __forceinline__ void gdn_recurrent_body(
     const float* __restrict__ conv_out, const float* __restrict__ mix, long long mix_stride,
     const float* __restrict__ conv_w, float* conv_state, const float* __restrict__ z, long long z_stride,
@@ -292,7 +284,7 @@ __device__ __forceinline__ void gdn_recurrent_body(
     const unsigned long long* __restrict__ slot_ptrs) {
     // The fused kernels run one token (their launcher passes 1). Only the narrow one is given the constant: folded,
     // it fits 64 registers there, while in the wide one the schedule it leads to spilled (ptxas, sm_70).
-    const int n_tokens = CONV && (GROUPS == 1 || SMEM_STATE) ? 1 : batch_tokens;
+    const int n_tokens = CONV && GROUPS == 1 ? 1 : batch_tokens;
     constexpr int COLS = GDN_RECURRENT_COLS * GROUPS;
     constexpr int THREAD_GROUPS = GDN_RECURRENT_ROW_GROUPS / GROUPS;  // threads per column
     __shared__ float sq[GDN_MAX_DK];
@@ -302,8 +294,6 @@ __device__ __forceinline__ void gdn_recurrent_body(
     __shared__ float sv[COLS];  // this token's v on the block's columns
     __shared__ float sgate[2];  // its beta and decay
     __shared__ int is_last, is_last_of_key;
-    // SMEM_STATE: the block's state tile [dk][COLS] lives here instead of in registers (the tile form, below)
-    __shared__ __align__(16) float state_tile[SMEM_STATE ? GDN_MAX_DK : 1][SMEM_STATE ? COLS : 1];
 
     const int n = blockIdx.x;
     const int tid = threadIdx.x;
@@ -332,40 +322,14 @@ __device__ __forceinline__ void gdn_recurrent_body(
         else return conv_out[(size_t)(t0 + t) * Cc + ch];
     };
 
-    float s_regs[SMEM_STATE ? 1 : GROUPS][GDN_RECURRENT_ROWS];
-    // the state element of state row r, the thread's i-th row of its j-th group: a register, or the tile's
-    auto s = [&](int j, int i, int r) -> float& {
-        if constexpr (SMEM_STATE) return state_tile[r][tx];
-        else return s_regs[j][i];
-    };
-    // The tile form moves its state as whole 16-byte pieces of the tile's rows, the block's threads side by side
-    // (pass p, thread tid: floats 4 * (p * 256 + tid) onward, row-major), and needs dv % COLS == 0. Loaded per
-    // thread's own elements instead, its 32 loads and their addresses spilled at 64 registers (ptxas, sm_70).
-    // Both moves sit behind barriers: the load before gdn_block_sum2's, the store after the last sums'.
-    constexpr int TILE_PASSES = GDN_MAX_DK * COLS / 4 / GDN_RECURRENT_THREADS;
-    auto tile_at = [&](int p, int& r, int& cc) {
-        const int e = (p * GDN_RECURRENT_THREADS + tid) * 4;
-        r = e / COLS;
-        cc = e % COLS;
-    };
+    float s[GROUPS][GDN_RECURRENT_ROWS];
     auto load_state = [&]() {
-        if constexpr (SMEM_STATE) {
-#pragma unroll
-            for (int p = 0; p < TILE_PASSES; ++p) {
-                int r, cc;
-                tile_at(p, r, cc);
-                const float4 v = r < dk ? *reinterpret_cast<const float4*>(S + (size_t)r * dv + blockIdx.y * COLS + cc)
-                                        : make_float4(0.f, 0.f, 0.f, 0.f);
-                *reinterpret_cast<float4*>(&state_tile[r][cc]) = v;
-            }
-        } else {
-            gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
-                s(j, i, r) = (col_ok && r < dk) ? S[(size_t)r * dv + c] : 0.f;
-            });
-        }
+        gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+            s[j][i] = (col_ok && r < dk) ? S[(size_t)r * dv + c] : 0.f;
+        });
     };
     // the fused wide kernel loads it later (below); the others first, so its loads overlap the token's
-    constexpr bool LATE_STATE = CONV && GROUPS == 2;
+    constexpr bool LATE_STATE = CONV && GROUPS > 1;
     if constexpr (!LATE_STATE) load_state();
 
     for (int t = 0; t < n_tokens; ++t) {
@@ -421,8 +385,8 @@ __device__ __forceinline__ void gdn_recurrent_body(
         const float decay = sgate[1];
         float part[GROUPS] = {};  // each row group's partial over its rows, in row order
         gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
-            s(j, i, r) *= decay;
-            if (r < dk) part[j] += s(j, i, r) * sk[r];
+            s[j][i] *= decay;
+            if (r < dk) part[j] += s[j][i] * sk[r];
         });
 #pragma unroll
         for (int j = 0; j < GROUPS; ++j) red[ty + j * THREAD_GROUPS][tx] = part[j];
@@ -437,8 +401,8 @@ __device__ __forceinline__ void gdn_recurrent_body(
         for (int j = 0; j < GROUPS; ++j) part[j] = 0.f;
         gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
             if (col_ok && r < dk) {
-                s(j, i, r) += sk[r] * u;
-                part[j] += s(j, i, r) * sq[r];
+                s[j][i] += sk[r] * u;
+                part[j] += s[j][i] * sq[r];
             }
         });
 #pragma unroll
@@ -454,24 +418,13 @@ __device__ __forceinline__ void gdn_recurrent_body(
         if (!CONV && state_ring != nullptr && t + 1 < n_tokens) {
             float* R = state_ring + ((size_t)t * Hv + n) * dk * dv;
             gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
-                if (col_ok && r < dk) R[(size_t)r * dv + c] = s(j, i, r);
+                if (col_ok && r < dk) R[(size_t)r * dv + c] = s[j][i];
             });
         }
     }
-    if constexpr (SMEM_STATE) {
-#pragma unroll
-        for (int p = 0; p < TILE_PASSES; ++p) {
-            int r, cc;
-            tile_at(p, r, cc);
-            if (r < dk)
-                *reinterpret_cast<float4*>(S + (size_t)r * dv + blockIdx.y * COLS + cc) =
-                    *reinterpret_cast<const float4*>(&state_tile[r][cc]);
-        }
-    } else {
-        gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
-            if (col_ok && r < dk) S[(size_t)r * dv + c] = s(j, i, r);
-        });
-    }
+    gdn_thread_rows<GROUPS>(ty, [&](int j, int i, int r) {
+        if (col_ok && r < dk) S[(size_t)r * dv + c] = s[j][i];
+    });
 
     __threadfence();  // publish this block's o before it is counted
     __syncthreads();
@@ -499,7 +452,7 @@ __device__ __forceinline__ void gdn_recurrent_body(
     }
 }
 
-#define RIGLLM_GDN_RECURRENT(NAME, GROUPS, CONV, SMEM_STATE)                                                        \
+#define RIGLLM_GDN_RECURRENT(NAME, GROUPS, CONV)                                                                    \
     extern "C" __global__ void __launch_bounds__(GDN_RECURRENT_THREADS, GDN_RECURRENT_MIN_BLOCKS) NAME(           \
         const float* __restrict__ conv_out, const float* __restrict__ mix, long long mix_stride,                   \
         const float* __restrict__ conv_w, float* conv_state, const float* __restrict__ z, long long z_stride,      \
@@ -508,17 +461,15 @@ __device__ __forceinline__ void gdn_recurrent_body(
         float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* counters, int n_tokens,    \
         int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring,                                 \
         const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs) {                      \
-        gdn_recurrent_body<GROUPS, CONV, SMEM_STATE>(conv_out, mix, mix_stride, conv_w, conv_state, z, z_stride,  \
-                                                     b, b_stride, alpha, alpha_stride, ssm_a, dt_bias, norm_w,      \
-                                                     state, y, yq, yd, counters, n_tokens, Hk, Hv, dk, dv, eps,     \
-                                                     state_ring, row_slot, slot_ptrs);                              \
+        gdn_recurrent_body<GROUPS, CONV>(conv_out, mix, mix_stride, conv_w, conv_state, z, z_stride, b, b_stride, \
+                                         alpha, alpha_stride, ssm_a, dt_bias, norm_w, state, y, yq, yd, counters,  \
+                                         n_tokens, Hk, Hv, dk, dv, eps, state_ring, row_slot, slot_ptrs);         \
     }
 
-RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, false, false)
-RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, false, false)
-RIGLLM_GDN_RECURRENT(gdn_recurrent_conv, 1, true, false)
-RIGLLM_GDN_RECURRENT(gdn_recurrent_conv_wide, 2, true, false)
-RIGLLM_GDN_RECURRENT(gdn_recurrent_conv_tile, GDN_TILE_GROUPS, true, true)
+RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, false)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_wide, 2, false)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_conv, 1, true)
+RIGLLM_GDN_RECURRENT(gdn_recurrent_conv_wide, 2, true)
 
 // ---------------------------------------------------------------------------------------------------------
 // Multi-token delta rule in the chunked form (spec §6.8), continuing from the state in `state` and leaving

@@ -332,7 +332,6 @@ class CudaCard:
         attr = cuda.device_attribute
         self.sm_count = int(self.device.get_attribute(attr.MULTIPROCESSOR_COUNT))
         self.l2_bytes = int(self.device.get_attribute(attr.L2_CACHE_SIZE))
-        self.shared_per_sm = int(self.device.get_attribute(attr.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR))
         self.capacity_bytes = capacity_bytes
         self._ledger: dict[str, int] = {}
         # bytes copied host → card and card → host through DeviceBuffer, for benchmarks of what crosses PCIe

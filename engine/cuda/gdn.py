@@ -38,9 +38,6 @@ RECURRENT_THREADS = 256  # GDN_RECURRENT_THREADS
 RECURRENT_COLS = 16  # GDN_RECURRENT_COLS: value columns per recurrent block
 RECURRENT_BLOCKS_PER_SM = 4  # GDN_RECURRENT_MIN_BLOCKS: resident recurrent blocks per SM (both forms)
 WIDE_COLS = 2 * RECURRENT_COLS  # value columns per gdn_recurrent_wide block
-TILE_COLS = 4 * RECURRENT_COLS  # GDN_TILE_GROUPS * GDN_RECURRENT_COLS: value columns per gdn_recurrent_conv_tile block
-TILE_SHARED_BYTES = 38432  # gdn_recurrent_conv_tile's static shared memory (ptxas; a unit test checks it)
-BLOCK_SHARED_RESERVE = 1024  # shared memory the driver keeps back per resident block (sm_80 on; none on Volta)
 CHUNK_THREADS = 256  # GDN_CHUNK_THREADS
 CHUNK_COLS = 32  # GDN_CHUNK_COLS: value columns per chunked-form block
 CHUNK_SMEM_BYTES = 4 * 23168  # 4 * GDN_CHUNK_SMEM_FLOATS: above 48 KiB, so the launch opts in
@@ -236,32 +233,17 @@ def gdn_conv_silu(
 
 def recurrent_form(card: CudaCard, dims: GdnDims, slot_rows: int | None, conv: bool = False) -> tuple[str, int]:
     """The recurrent kernel for a slot batch of `slot_rows` rows (None: one sequence's tokens) and its columns per
-    block; `conv`: its form that also does the conv of a one-token row (gdn.cu gdn_recurrent_conv).
-
-    The kernel is latency-bound, so a launch costs about one block's lifetime per wave of resident blocks: a slot
-    batch takes the form of fewest waves on this card, the narrowest on a tie. The narrow form spreads a row's
-    state over the most blocks; the wide form has half as many blocks of twice the columns (8 rows of the 9B: 1,024
-    blocks, two waves of the H200's 528 resident, against the narrow form's four); the conv form's tile has a
-    quarter as many, its state in shared memory (512 blocks: one wave on the H200; on a Volta card of 96 KB per SM
-    only two fit an SM, so it ties with the wide form there and the wide form runs). All give the same bits
-    (gdn.cu). One sequence (a decode token, a verify with its ring) keeps the narrow form on every card: the others
-    were measured and tested on slot batches only."""
+    block; `conv`: its form that also does the conv of a one-token row (gdn.cu gdn_recurrent_conv). The narrow form
+    spreads a row's state over the most blocks, which suits one wave; once a slot batch's narrow blocks exceed one
+    wave of the card (8 rows of the 9B: 2,048 blocks against the H200's 528 resident), the wide form's half as
+    many blocks of twice the columns run in half the waves. Both give the same bits (gdn.cu). One sequence (a
+    decode token, a verify with its ring) keeps the narrow form on every card: the wide form was measured and
+    tested on slot batches only."""
     name = "gdn_recurrent_conv" if conv else "gdn_recurrent"
-    if not slot_rows:
-        return name, RECURRENT_COLS
-    forms = [(name, RECURRENT_COLS), (f"{name}_wide", WIDE_COLS)]
-    if conv and dims.d_v % TILE_COLS == 0:
-        forms.append((f"{name}_tile", TILE_COLS))
-
-    def waves(form: tuple[str, int]) -> int:
-        cols = form[1]
-        per_sm = RECURRENT_BLOCKS_PER_SM
-        if cols == TILE_COLS:
-            per_sm = min(per_sm, card.shared_per_sm // (TILE_SHARED_BYTES + BLOCK_SHARED_RESERVE))
-        blocks = dims.n_v_heads * -(-dims.d_v // cols) * slot_rows
-        return -(-blocks // max(1, per_sm * card.sm_count))
-
-    return min(forms, key=waves)
+    narrow_blocks = dims.n_v_heads * -(-dims.d_v // RECURRENT_COLS) * (slot_rows or 0)
+    if narrow_blocks > RECURRENT_BLOCKS_PER_SM * card.sm_count:
+        return f"{name}_wide", WIDE_COLS
+    return name, RECURRENT_COLS
 
 
 def gdn_recurrent(

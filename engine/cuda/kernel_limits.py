@@ -48,7 +48,6 @@ HOT_KERNELS = frozenset(
         "gdn_recurrent_wide",
         "gdn_recurrent_conv",
         "gdn_recurrent_conv_wide",
-        "gdn_recurrent_conv_tile",
         "gdn_chunk_prefill",
         "gdn_gated_norm",
         "argmax_partial",

@@ -23,10 +23,8 @@ import pytest
 from engine.cuda.driver import DeviceBuffer
 from engine.cuda.gdn import (
     CONV_K,
-    BLOCK_SHARED_RESERVE,
     RECURRENT_BLOCKS_PER_SM,
     RECURRENT_COLS,
-    TILE_SHARED_BYTES,
     GdnDims,
     GdnInputs,
     Rows,
@@ -384,22 +382,16 @@ def test_restored_state_replays_bit_for_bit(card, rng):
 def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows, fuse_conv):
     """A slot-indexed step of the 9B shape (row b: one token of slot row_slot[b], slots in shuffled order, each
     with its own random state) against each sequence's own one-token step: y, its Q8_1 copy and both states bit
-    for bit. At 8 rows the narrow kernel's 2,048 blocks pass one wave of the H200, so one launch takes
-    gdn_recurrent_conv_tile (its state in shared memory) and conv then recurrence gdn_recurrent_wide, whose sums
-    keep the narrow kernel's order (gdn.cu); at 2 rows both take the narrow one. Each sequence alone runs as one
-    launch of the narrow form."""
+    for bit. At 8 rows the narrow kernel's 2,048 blocks pass one wave of the H200, so the step takes
+    gdn_recurrent_wide, whose sums keep the narrow kernel's order (gdn.cu); at 2 rows it takes the narrow one.
+    The batch runs as one launch (the conv forms) or as conv then recurrence; each sequence alone, as one launch."""
     dims = SHAPE_9B
     layer = random_layer(dims, rng)
     starts = [random_state(dims, rng) for _ in range(rows)]
     row_slot = rng.permutation(rows).astype(np.int32)
     proj = random_projections(dims, rows, rng)
-    form = recurrent_form(card, dims, rows, conv=fuse_conv)[0]
-    narrow_waves = dims.n_v_heads * (dims.d_v // RECURRENT_COLS) * rows / (RECURRENT_BLOCKS_PER_SM * card.sm_count)
-    tiles_fit = card.shared_per_sm >= RECURRENT_BLOCKS_PER_SM * (TILE_SHARED_BYTES + BLOCK_SHARED_RESERVE)
-    if narrow_waves <= 1:
-        assert form in ("gdn_recurrent", "gdn_recurrent_conv"), form
-    elif fuse_conv and tiles_fit and 2 < narrow_waves <= 4:  # the wide form takes two waves, the tile one
-        assert form == "gdn_recurrent_conv_tile", form
+    wide = dims.n_v_heads * (dims.d_v // RECURRENT_COLS) * rows > RECURRENT_BLOCKS_PER_SM * card.sm_count
+    assert recurrent_form(card, dims, rows)[0] == ("gdn_recurrent_wide" if wide else "gdn_recurrent")
 
     alone = [DeviceGdn(card, layer, start) for start in starts]
     want = {}
@@ -422,7 +414,7 @@ def test_slot_rows_equal_each_sequence_stepped_alone(card, rng, rows, fuse_conv)
     got = y.download(np.float32, (rows, dims.cv))
     xq, xd = y_q8.xq.download(np.int8, (rows, dims.cv)), y_q8.xd.download(np.float32, (rows, dims.cv // 32))
     for b, slot in enumerate(row_slot):
-        assert_equal(got[b], want[b][0], f"{form}, row {b} (slot {slot}): y")
+        assert_equal(got[b], want[b][0], f"row {b} (slot {slot}): y")
         assert_equal(xq[b], want[b, "q8"][0][0], f"row {b}: Q8_1 values")
         assert_equal(xd[b], want[b, "q8"][1][0], f"row {b}: Q8_1 scales")
         mine, theirs = batched[slot].states(), alone[slot].states()

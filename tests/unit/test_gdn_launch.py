@@ -15,11 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from engine.cuda import gdn
-from engine.cuda.kernel_build import CUDA_SRC_DIR, build_toolchain, compile_module
+from engine.cuda.kernel_build import CUDA_SRC_DIR
 from engine.cuda.kernel_limits import MAX_SHARED_BYTES
 from engine.cuda.slot_batch import SlotRows
 from engine.gguf.config import ModelConfig
-from tests.unit.test_gemv_variants import _has_nvrtc
 
 SOURCE = (CUDA_SRC_DIR / "gdn.cu").read_text()
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv}
@@ -55,7 +54,6 @@ def test_launch_constants_mirror_the_kernel_source():
         "GDN_RECURRENT_THREADS": gdn.RECURRENT_THREADS,
         "GDN_RECURRENT_COLS": gdn.RECURRENT_COLS,
         "GDN_RECURRENT_MIN_BLOCKS": gdn.RECURRENT_BLOCKS_PER_SM,
-        "GDN_TILE_GROUPS": gdn.TILE_COLS // gdn.RECURRENT_COLS,
         "GDN_CHUNK_THREADS": gdn.CHUNK_THREADS,
         "GDN_CHUNK_COLS": gdn.CHUNK_COLS,
     }
@@ -109,10 +107,10 @@ class _Buffer:
 class _RecordingCard:
     """Records (kernel, grid, block, shared, dynamic-shared opt-in) instead of launching."""
 
-    def __init__(self, sm_count: int = 132, shared_per_sm: int = 228 << 10):
+    def __init__(self, sm_count: int = 132):
         self.launches: list[tuple] = []
         self.opt_in: dict[str, int] = {}
-        self.sm_count, self.shared_per_sm = sm_count, shared_per_sm
+        self.sm_count = sm_count
 
     def kernel(self, name: str):
         card = self
@@ -174,45 +172,19 @@ def test_the_conv_form_refuses_what_it_cannot_do():
                           gdn.GdnInputs(rows, rows, rows, rows), big, _Buffer(4 * dims.n_v_heads), 1, 1e-6)
 
 
-VOLTA_SHARED_PER_SM = 96 << 10
-
-
-@pytest.mark.parametrize("rows, sm_count, shared, form", [
-    (1, 132, 228 << 10, "narrow"), (2, 132, 228 << 10, "narrow"), (3, 132, 228 << 10, "wide"),
-    (4, 132, 228 << 10, "wide"),  # wide and tile both one wave: the narrower wins the tie
-    (8, 132, 228 << 10, "tile"),  # 2,048 / 1,024 / 512 blocks: four, two and one waves of 528
-    (8, 132, VOLTA_SHARED_PER_SM, "wide"),  # two tiles an SM: 264 resident, two waves, as the wide form
-    (2, 68, VOLTA_SHARED_PER_SM, "wide"), (8, 68, VOLTA_SHARED_PER_SM, "wide"), (8, 2048, 228 << 10, "narrow"),
-])
-def test_slot_batches_take_the_form_of_fewest_waves(rows, sm_count, shared, form):
-    """The 9B shape's narrow form has 256 blocks a row, the wide form 128 and the conv form's tile 64; each form
-    holds RECURRENT_BLOCKS_PER_SM blocks an SM, the tile fewer where its shared memory does not fit four. A slot
-    batch launches the form of fewest waves (the narrowest on a tie), one row per grid z; without the conv there
-    is no tile form, so the wide one runs."""
+@pytest.mark.parametrize("rows, sm_count, wide", [(1, 132, False), (2, 132, False), (3, 132, True), (8, 132, True),
+                                                 (2, 68, True), (8, 2048, False)])
+def test_slot_batches_past_one_wave_of_narrow_blocks_take_the_wide_form(rows, sm_count, wide):
+    """The 9B shape's narrow form has 256 blocks a row; past RECURRENT_BLOCKS_PER_SM per SM (one wave) a slot
+    batch launches gdn_recurrent_wide, half the blocks of twice the columns, one row per grid z."""
     dims = gdn.GdnDims(16, 32, 128, 128)
-    card = _RecordingCard(sm_count, shared)
+    card = _RecordingCard(sm_count)
     name, grid, block, _, _ = _mixer_launches(dims, rows, card=card, slot_rows=True)[-1]
-    cols = {"narrow": gdn.RECURRENT_COLS, "wide": gdn.WIDE_COLS, "tile": gdn.TILE_COLS}[form]
-    suffix = "" if form == "narrow" else f"_{form}"
-    assert (name, grid, block) == (f"gdn_recurrent_conv{suffix}", (32, 128 // cols, rows), gdn.RECURRENT_THREADS)
+    cols = gdn.WIDE_COLS if wide else gdn.RECURRENT_COLS
+    assert (name, grid, block) == ("gdn_recurrent_conv_wide" if wide else "gdn_recurrent_conv",
+                                   (32, 128 // cols, rows), gdn.RECURRENT_THREADS)
     assert gdn.recurrent_form(card, dims, rows, conv=True) == (name, cols)
-    unfused = ("gdn_recurrent_wide", gdn.WIDE_COLS) if form == "tile" else (f"gdn_recurrent{suffix}", cols)
-    assert gdn.recurrent_form(card, dims, rows) == unfused
-
-
-def test_the_tile_form_needs_whole_tiles_of_columns():
-    """dv = 96 is no multiple of the tile's 64 columns, so 8 rows of it stay on the register forms."""
-    dims = gdn.GdnDims(16, 32, 128, 96)
-    assert gdn.recurrent_form(_RecordingCard(), dims, 8, conv=True)[0] == "gdn_recurrent_conv_wide"
-
-
-@pytest.mark.skipif(not _has_nvrtc(), reason="the `kernels` extra is not installed: pip install 'rigllm[kernels]'")
-def test_the_tile_form_builds_without_spills_in_the_shared_memory_the_launcher_counts():
-    """recurrent_form counts TILE_SHARED_BYTES per resident tile block; ptxas (sm_70) reports the kernel's."""
-    resources = compile_module(CUDA_SRC_DIR / "gdn.cu", *build_toolchain(), sass_archs=(70,)).resources
-    tile = resources["gdn_recurrent_conv_tile"]
-    assert tile.shared_bytes == gdn.TILE_SHARED_BYTES
-    assert not tile.spills and tile.registers <= 65536 // (gdn.RECURRENT_THREADS * gdn.RECURRENT_BLOCKS_PER_SM)
+    assert gdn.recurrent_form(card, dims, rows) == (name.replace("_conv", ""), cols)
 
 
 def test_one_sequence_keeps_the_narrow_form_even_on_a_card_of_few_sms():

@@ -27,8 +27,9 @@
 // scales as floats laid out [block][lane][i] so a thread fetches its 4 scales with one 16-byte load.
 // Inside a block each thread runs a 4 x 4 x 8 DP4A outer product into int32 (operands fetched as
 // 16-byte vectors: 8 LDS.128 feed 64 DP4A), then folds the block into fp32:
-// acc += float(int_sum) * (d_w * d_x), the float read off the DP4A chain's bits (common.cuh DOT_FLOAT_BIAS). Volta has no cp.async, so there is no software pipelining:
-// two to three resident CTAs per SM overlap one CTA's loads with another's DP4A work.
+// acc += float(int_sum) * (d_w * d_x), the float read off the DP4A chain's bits (common.cuh DOT_FLOAT_BIAS). Volta has
+// no cp.async: a stage's global loads wait in registers while the staged tile is computed, and two resident CTAs per SM
+// overlap one CTA's barriers with the other's DP4A work (gemm_q8_0_q8_1_db also stages into two tiles in turn).
 //
 // Tails are predicated in the same kernel: rows past `rows`, tokens past `T` and blocks past K/32 are
 // staged as zeros with zero scales (they add exactly 0) and their outputs are not stored. So any
@@ -107,11 +108,47 @@ __device__ __forceinline__ void store_stage(GemmSmem& sm, const StageRegs& st) {
     sm.xs[blk][line % GEMM_LANES][line / GEMM_LANES] = st.xs;
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
-gemm_q8_0_q8_1(const signed char* __restrict__ qs, const __half* __restrict__ dw,
-               const signed char* __restrict__ xq, const float* __restrict__ xd,
-               float* y, const float* residual, int rows, int K, int end0, int end1, int end2, int T) {
-    __shared__ __align__(16) GemmSmem sm;
+// One 32-value block of the staged tile (blk < GEMM_BK / 32) into the thread's 4 x 4 accumulators.
+__device__ __forceinline__ void gemm_block(const GemmSmem& sm, int blk, int tr, int tt, float (&acc)[4][4]) {
+    int isum[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) isum[i][j] = rigllm::DOT_FLOAT_BIAS;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int col = blk * 32 + half * 16;
+        int4 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            w[i] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * GEMM_PITCH + col);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int4 x = *reinterpret_cast<const int4*>(sm.xq + (tt + GEMM_LANES * j) * GEMM_PITCH + col);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) isum[i][j] = rigllm::dot_int8x16(w[i], x, isum[i][j]);
+        }
+    }
+    const float4 ws = *reinterpret_cast<const float4*>(sm.ws[blk][tr]);
+    const float4 xs = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
+    const float wv[4] = {ws.x, ws.y, ws.z, ws.w};
+    const float xv[4] = {xs.x, xs.y, xs.z, xs.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += rigllm::biased_dot_to_float(isum[i][j]) * (wv[i] * xv[j]);
+}
+
+// STAGES = 1: one staged tile; each stage stores, waits, issues the next stage's loads, computes, and waits again
+// before the next store. STAGES = 2 (the _db kernel): two tiles in turn, so a stage's registers are stored into the
+// other tile after it is computed, and one barrier per stage replaces two (2 x 20 KB: two CTAs an SM still fit a
+// Volta card's 96 KB). Every output sums its blocks in the same order either way: the same bits.
+template <int STAGES>
+__device__ __forceinline__ void gemm_body(const signed char* __restrict__ qs, const __half* __restrict__ dw,
+                                          const signed char* __restrict__ xq, const float* __restrict__ xd, float* y,
+                                          const float* residual, int rows, int K, int end0, int end1, int end2,
+                                          int T) {
+    __shared__ __align__(16) GemmSmem sm[STAGES];
 
     const int tid = threadIdx.x;
     const int tr = tid % GEMM_LANES;
@@ -127,43 +164,37 @@ gemm_q8_0_q8_1(const signed char* __restrict__ qs, const __half* __restrict__ dw
 
     StageRegs st;
     load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, 0);
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        store_stage(sm, st);
+    if (STAGES == 2) {
+        store_stage(sm[0], st);
         __syncthreads();
-        if (k0 + GEMM_BK < K) load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
-
+    }
+    int cur = 0;
+    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
+        const bool more = k0 + GEMM_BK < K;
+        if (STAGES == 1) {
+            store_stage(sm[0], st);
+            __syncthreads();
+        }
+        if (more) load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
 #pragma unroll
-        for (int blk = 0; blk < GEMM_BK / 32; ++blk) {
-            int isum[4][4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) isum[i][j] = rigllm::DOT_FLOAT_BIAS;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int col = blk * 32 + half * 16;
-                int4 w[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    w[i] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * GEMM_PITCH + col);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int4 x = *reinterpret_cast<const int4*>(sm.xq + (tt + GEMM_LANES * j) * GEMM_PITCH + col);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) isum[i][j] = rigllm::dot_int8x16(w[i], x, isum[i][j]);
-                }
-            }
-            const float4 ws = *reinterpret_cast<const float4*>(sm.ws[blk][tr]);
-            const float4 xs = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
-            const float wv[4] = {ws.x, ws.y, ws.z, ws.w};
-            const float xv[4] = {xs.x, xs.y, xs.z, xs.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] += rigllm::biased_dot_to_float(isum[i][j]) * (wv[i] * xv[j]);
+        for (int blk = 0; blk < GEMM_BK / 32; ++blk) gemm_block(sm[cur], blk, tr, tt, acc);
+        if (STAGES == 2) {
+            if (more) store_stage(sm[cur ^ 1], st);
+            cur ^= 1;
         }
         __syncthreads();
     }
 
     rigllm::gemm_tile_store(acc, r0, tr, t0, tt, rows, T, end0, end1, end2, y, residual);
 }
+
+#define RIGLLM_GEMM_Q8(NAME, STAGES)                                                                               \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)                                                 \
+        NAME(const signed char* __restrict__ qs, const __half* __restrict__ dw, const signed char* __restrict__ xq, \
+             const float* __restrict__ xd, float* y, const float* residual, int rows, int K, int end0, int end1,   \
+             int end2, int T) {                                                                                   \
+        gemm_body<STAGES>(qs, dw, xq, xd, y, residual, rows, K, end0, end1, end2, T);                             \
+    }
+
+RIGLLM_GEMM_Q8(gemm_q8_0_q8_1, 1)
+RIGLLM_GEMM_Q8(gemm_q8_0_q8_1_db, 2)

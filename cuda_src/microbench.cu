@@ -24,6 +24,50 @@ extern "C" __global__ void __launch_bounds__(256) dp4a_peak(int* __restrict__ ou
     if (total == never) out[0] = total;
 }
 
+// The ceiling of a Q8 dot product's instruction mix: as dp4a_peak, but every DOTS DP4As of a chain are folded into an
+// fp32 accumulator as the GEMM and GEMV fold a block's integer sum (acc += float(sum) * (d_w * d_x)): the bias
+// subtraction, the scale product and the FMA, three FP32 instructions. A Q8_0 x Q8_1 product takes 8 DP4As per
+// 32-value block, so per output and block the GEMM's tile runs DOTS = 8; the GEMV, whose lanes each take half a
+// block, runs DOTS = 4 per (row, token). Where DP4A and FP32 share the FMA pipe, the mix caps the DP4A rate at
+// DOTS / (DOTS + 3) of dp4a_peak's; where they issue side by side, at its full rate. Each round's first DP4A takes
+// the last one's sum as its input (so the chain carries over rounds with no extra instruction) and starts from the
+// bias; the scale product changes each round (the round number's bits), as a tile's scales change per block.
+template <int DOTS>
+__device__ __forceinline__ void dp4a_fold_body(float* out, int iters, int never) {
+    const int seed = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    const int b = seed ^ 0x5a5a5a5a;
+    int x[RIGLLM_DP4A_CHAINS];
+    float acc[RIGLLM_DP4A_CHAINS], scale[RIGLLM_DP4A_CHAINS];
+#pragma unroll
+    for (int c = 0; c < RIGLLM_DP4A_CHAINS; ++c) {
+        x[c] = seed + c;
+        acc[c] = 0.f;
+        scale[c] = __int_as_float(0x3f800000 + seed + c);
+    }
+    for (int i = 0; i < iters; ++i) {
+        const float round_scale = __int_as_float(0x3f800000 + i);
+#pragma unroll
+        for (int c = 0; c < RIGLLM_DP4A_CHAINS; ++c) {
+            x[c] = __dp4a(x[c], b, rigllm::DOT_FLOAT_BIAS);
+#pragma unroll
+            for (int d = 1; d < DOTS; ++d) x[c] = __dp4a(x[c], b, x[c]);
+            acc[c] = fmaf(rigllm::biased_dot_to_float(x[c]), scale[c] * round_scale, acc[c]);
+        }
+    }
+    float total = 0.f;
+#pragma unroll
+    for (int c = 0; c < RIGLLM_DP4A_CHAINS; ++c) total += acc[c] + (float)x[c];
+    if (__float_as_int(total) == never) out[0] = total;
+}
+
+extern "C" __global__ void __launch_bounds__(256) dp4a_fold_peak_d8(float* __restrict__ out, int iters, int never) {
+    dp4a_fold_body<8>(out, iters, never);
+}
+
+extern "C" __global__ void __launch_bounds__(256) dp4a_fold_peak_d4(float* __restrict__ out, int iters, int never) {
+    dp4a_fold_body<4>(out, iters, never);
+}
+
 // The cost of one node of a CUDA graph: a launch that does (almost) nothing, so back-to-back launches of it in a graph
 // time the launch, dependency and drain of a kernel with no work (engine/cuda/bench/decode_bounds.py). It stores only
 // if `never` matches, like dp4a_peak, so it has a parameter and a body as a real kernel has.

@@ -18,6 +18,10 @@ from engine.cuda.gemv import Q8Activations, Q8Weight, matmul_args
 GEMM_TILE_ROWS = 64
 GEMM_TILE_TOKENS = 64
 GEMM_THREADS = 256
+# The kernels of gemm_q8.cu, all with the same tile and the same bits: one staged tile, or two in turn (_db, one
+# barrier a stage instead of two). `rigllm bench` times each on the prefill shape (its JSON's gemm "variants").
+GEMM_VARIANTS = ("gemm_q8_0_q8_1", "gemm_q8_0_q8_1_db")
+DEFAULT_GEMM = "gemm_q8_0_q8_1"
 
 
 def gemm_grid(rows: int, n_tokens: int) -> tuple[int, int]:
@@ -33,10 +37,14 @@ def gemm_q8(
     n_tokens: int,
     residual: DeviceBuffer | None = None,
     stream: Stream | None = None,
+    kernel: str = DEFAULT_GEMM,
 ) -> None:
-    """y = W x (+ residual) for n_tokens tokens; `residual` has the output's layout and may be `y`."""
+    """y = W x (+ residual) for n_tokens tokens; `residual` has the output's layout and may be `y`; `kernel` one of
+    GEMM_VARIANTS."""
+    if kernel not in GEMM_VARIANTS:
+        raise ValueError(f"no GEMM kernel {kernel!r}: {GEMM_VARIANTS}")
     ends = matmul_args(w, x, y, n_tokens, residual)
-    card.kernel("gemm_q8_0_q8_1").launch(
+    card.kernel(kernel).launch(
         gemm_grid(w.rows, n_tokens),
         GEMM_THREADS,
         w.qs,

@@ -22,6 +22,7 @@ HOT_KERNELS = frozenset(
         "quantize_q8_1",
         *(f"gemv_q8_t{t}" for t in range(1, 9)),
         "gemm_q8_0_q8_1",
+        "gemm_q8_0_q8_1_db",
         "embed_q8_0",
         *(f"gemv_{q}_t{t}" for q in ("q4_k", "q5_k", "q6_k") for t in range(1, 9)),
         # the T = 1 variants kq_weight.DEFAULT_KQ_T1 launches (a unit test keeps the two in step)

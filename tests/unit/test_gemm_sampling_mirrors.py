@@ -108,3 +108,11 @@ def test_grid_covers_every_row_and_token():
     assert gemm.gemm_grid(rows=12288, n_tokens=256) == (4, 192)
     assert gemm.gemm_grid(rows=4128, n_tokens=300) == (5, 65)
     assert gemm.gemm_grid(rows=1, n_tokens=1) == (1, 1)
+
+
+def test_every_gemm_variant_is_a_kernel_of_the_source_and_others_are_refused():
+    source = (CUDA_SRC_DIR / "gemm_q8.cu").read_text()
+    assert set(gemm.GEMM_VARIANTS) == set(re.findall(r"^RIGLLM_GEMM_Q8\((\w+),", source, re.MULTILINE))
+    assert gemm.DEFAULT_GEMM in gemm.GEMM_VARIANTS
+    with pytest.raises(ValueError, match="no GEMM kernel"):
+        gemm.gemm_q8(None, None, None, None, 1, kernel="gemm_q8_0_q8_1_fast")

@@ -2,6 +2,8 @@
 
 - copy bandwidth: a large device-to-device copy, counted as read + write (as targets.md's 4281 GB/s);
 - DP4A peak: `dp4a_peak`, 8 independent chains per thread, 16 blocks of 256 threads per SM;
+- DP4A under a Q8 fold: `dp4a_fold_peak_d8` / `_d4`, the same with three fp32 instructions per 8 or 4 DP4As, as a
+  Q8_0 x Q8_1 GEMM tile and GEMV fold their integer sums (`dp4a_fold_ceilings`);
 - graph node: `graph_node_us`, back-to-back empty launches in one graph (a kernel's cost before any work);
 - GEMV bandwidth: `gemv_q8_t1` on every weight matrix of one decode step of a model shape (stacked as
   the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
@@ -30,6 +32,7 @@ from engine.gguf.shapes import shape_config
 
 DP4A_CHAINS = 8  # RIGLLM_DP4A_CHAINS in microbench.cu
 OPS_PER_DP4A = 8  # 4 int8 multiply-adds, 2 ops each
+FOLD_DOTS = (8, 4)  # the dp4a_fold_peak_d* kernels: DP4As per fp32 fold
 
 
 def time_graph_ms(card: CudaCard, reps: int, body: Any) -> float:
@@ -66,19 +69,33 @@ def copy_bandwidth(card: CudaCard, nbytes: int = 1 << 30, reps: int = 10) -> dic
     return {"bytes": nbytes, "ms": ms, "gb_per_s": 2 * nbytes / (ms * 1e-3) / 1e9}
 
 
-def dp4a_peak(card: CudaCard, iters: int = 4096, reps: int = 5) -> dict[str, float]:
-    """DP4A throughput in int8 TOPS (2 ops per multiply-add)."""
+def dp4a_peak(card: CudaCard, iters: int = 4096, reps: int = 5, kernel_name: str = "dp4a_peak",
+              dots_per_round: int = 1) -> dict[str, float]:
+    """DP4A throughput in int8 TOPS (2 ops per multiply-add) of `kernel_name`, whose threads run DP4A_CHAINS chains
+    of `dots_per_round` DP4As a round (dp4a_peak: one, nothing else; dp4a_fold_peak_d*: a Q8 fold per round)."""
     blocks, threads = card.sm_count * 16, 256
     out = card.alloc(4, "bench.dp4a.out")
-    kernel = card.kernel("dp4a_peak")
+    kernel = card.kernel(kernel_name)
     try:
         ms = time_graph_ms(
             card, reps, lambda _: kernel.launch(blocks, threads, out, np.int32(iters), np.int32(-0x7FFFFFFF))
         )
     finally:
         out.free()
-    ops = blocks * threads * iters * DP4A_CHAINS * OPS_PER_DP4A
+    ops = blocks * threads * iters * DP4A_CHAINS * dots_per_round * OPS_PER_DP4A
     return {"ms": ms, "tops": ops / (ms * 1e-3) / 1e12}
+
+
+def dp4a_fold_ceilings(card: CudaCard, peak_tops: float) -> dict[str, dict[str, float]]:
+    """The DP4A rate of a Q8 dot product's instruction mix (microbench.cu dp4a_fold_peak_d*): 8 DP4As per fold
+    (the prefill GEMM's tile, per output and 32-value block) and 4 (the GEMV, per half block), each in TOPS and as a
+    fraction of the bare DP4A peak: the ceiling any kernel of that mix can reach, beside the peak it is measured
+    against."""
+    out = {}
+    for dots in FOLD_DOTS:
+        r = dp4a_peak(card, iters=4096 // dots, kernel_name=f"dp4a_fold_peak_d{dots}", dots_per_round=dots)
+        out[str(dots)] = {"tops": r["tops"], "fraction_of_dp4a_peak": r["tops"] / peak_tops}
+    return out
 
 
 def graph_node_us(card: CudaCard, launches: int = 256, reps: int = 5) -> float:
@@ -228,6 +245,7 @@ def run_microbench(card: CudaCard, shape: str = "9b") -> dict[str, Any]:
     """Ceilings and GEMV speeds for `card`, as one JSON-ready dict."""
     copy = copy_bandwidth(card)
     dp4a = dp4a_peak(card)
+    folds = dp4a_fold_ceilings(card, dp4a["tops"])
     node_us = graph_node_us(card)
     gemvs = [gemv_bandwidth(card, s) for s in decode_gemvs(shape_config(shape))]
     step_bytes = sum(g["bytes"] * g["count_per_token"] for g in gemvs)
@@ -239,6 +257,7 @@ def run_microbench(card: CudaCard, shape: str = "9b") -> dict[str, Any]:
         "sm_count": card.sm_count,
         "copy_gb_per_s": copy["gb_per_s"],
         "dp4a_tops": dp4a["tops"],
+        "dp4a_fold_ceilings": folds,
         "graph_node_us": node_us,
         "gemv": gemvs,
         "gemv_step": {

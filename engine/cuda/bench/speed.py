@@ -41,6 +41,7 @@ from engine.cuda.bench.microbench import run_microbench, time_graph_ms
 from engine.cuda.bench.prefill_breakdown import prefill_breakdown, render_prefill_breakdown
 from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weight
+from engine.cuda.gemm import GEMM_VARIANTS, gemm_q8
 from engine.cuda.gemv import Q8Weight, alloc_q8_activations
 from engine.cuda.kq_weight import KQWeight
 from engine.cuda.matmul import MixedWeight, matmul
@@ -186,13 +187,19 @@ def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int, qtype: GGMLQuanti
     x.xq.fill_zero()
     x.xd.fill_zero()
     y = card.alloc(4 * rows * n_tokens, "bench.gemm.y")
+    ops = 2 * rows * k * n_tokens
+    variants = {}
     try:
         ms = time_graph_ms(card, 10, lambda _: matmul(card, w, x, y, n_tokens))
+        if qtype is None:  # every Q8_0 kernel of the same tile, by name (gemm.GEMM_VARIANTS)
+            for name in GEMM_VARIANTS:
+                v_ms = time_graph_ms(card, 10, lambda _, name=name: gemm_q8(card, w, x, y, n_tokens, kernel=name))
+                variants[name] = ops / (v_ms * 1e-3) / 1e12
     finally:
         for buf in (*buffers, x.xq, x.xd, y):
             buf.free()
     return {"type": "Q8_0" if qtype is None else qtype.name, "rows": rows, "k": k, "tokens": n_tokens,
-            "us": ms * 1e3, "tops": 2 * rows * k * n_tokens / (ms * 1e-3) / 1e12}
+            "us": ms * 1e3, "tops": ops / (ms * 1e-3) / 1e12, **({"variants_tops": variants} if variants else {})}
 
 
 def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: str, prompts: tuple[int, ...],
@@ -245,7 +252,9 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "shape": shape,
         "chunk": chunk,
         "ceilings": {"copy_gb_per_s": micro["copy_gb_per_s"], "read_gb_per_s": read_ceiling, "dp4a_tops": micro["dp4a_tops"]},
-        "gemm": {**gemm, "fraction_of_dp4a_peak": gemm["tops"] / micro["dp4a_tops"]},
+        "gemm": {**gemm, "fraction_of_dp4a_peak": gemm["tops"] / micro["dp4a_tops"],
+                 # its instruction mix's own ceiling: 8 DP4As per fold (microbench dp4a_fold_ceilings)
+                 "fraction_of_fold_ceiling": gemm["tops"] / micro["dp4a_fold_ceilings"]["8"]["tops"]},
         "gemm_kquant": kq_gemms,
         "weight_read_bytes": matrix_read_bytes(weights, cfg),
         "prefill_tokens_per_s": prefill,
@@ -273,7 +282,13 @@ def render_table(r: dict[str, Any]) -> str:
         f"shape {r['shape']}: ceilings copy {c['copy_gb_per_s']:.0f} GB/s, GEMV read {c['read_gb_per_s']:.0f} GB/s, "
         f"DP4A {c['dp4a_tops']:.1f} TOPS",
         f"prefill GEMM at {r['gemm']['tokens']} tokens: {r['gemm']['tops']:.1f} TOPS = "
-        f"{100 * r['gemm']['fraction_of_dp4a_peak']:.0f}% of DP4A peak",
+        f"{100 * r['gemm']['fraction_of_dp4a_peak']:.0f}% of DP4A peak, "
+        f"{100 * r['gemm']['fraction_of_fold_ceiling']:.0f}% of its mix's ceiling",
+        *([f"  its kernels: " + ", ".join(f"{n} {t:.1f}" for n, t in r["gemm"]["variants_tops"].items()) + " TOPS"]
+          if r["gemm"].get("variants_tops") else []),
+        "DP4A with a Q8 fold per 8 / 4 DP4As: " + " / ".join(
+            f"{f['tops']:.1f} TOPS ({100 * f['fraction_of_dp4a_peak']:.0f}%)"
+            for f in r["microbench"]["dp4a_fold_ceilings"].values()),
         *(f"  {g['type']} GEMM: {g['tops']:.1f} TOPS = {100 * g['fraction_of_dp4a_peak']:.0f}% of DP4A peak"
           for g in r.get("gemm_kquant", ())),
         "prompt   prefill t/s   projected CMP t/s",

@@ -108,13 +108,14 @@ __device__ __forceinline__ void kq_store_stage(KqGemmSmem& sm, const KqStageRegs
     sm.xs[slot][line % GEMM_LANES][line / GEMM_LANES] = st.xs;
 }
 
-template <int TYPE>
+// STAGES: one staged tile or two in turn (the _db kernels), as gemm_q8.cu's gemm_body; the same bits either way.
+template <int TYPE, int STAGES>
 __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
                                              const float* __restrict__ xd, float* y, const float* residual, int rows,
                                              int K, int end0, int end1, int end2, int T) {
     using Q = rigllm::KQuant<TYPE>;
     constexpr int HALVES = Q::HAS_MIN ? 1 : 2;  // integer sums kept per 16-value half (Q6_K) or per block
-    __shared__ __align__(16) KqGemmSmem sm;
+    __shared__ __align__(16) KqGemmSmem tiles[STAGES];
 
     const int tid = threadIdx.x;
     const int tr = tid % GEMM_LANES;
@@ -130,10 +131,19 @@ __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w
 
     KqStageRegs st;
     kq_load_stage<TYPE>(st, w, xq, xd, r0, rows, t0, T, K, 0);
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        kq_store_stage<TYPE>(sm, st, k0);
+    if (STAGES == 2) {
+        kq_store_stage<TYPE>(tiles[0], st, 0);
         __syncthreads();
-        if (k0 + GEMM_BK < K) kq_load_stage<TYPE>(st, w, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
+    }
+    int cur = 0;
+    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
+        const bool more = k0 + GEMM_BK < K;
+        if (STAGES == 1) {
+            kq_store_stage<TYPE>(tiles[0], st, k0);
+            __syncthreads();
+        }
+        if (more) kq_load_stage<TYPE>(st, w, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
+        const KqGemmSmem& sm = tiles[cur];
 
 #pragma unroll 1
         for (int blk = 0; blk < GEMM_BK / 32; ++blk) {
@@ -184,20 +194,26 @@ __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w
                     acc[i][j] = fmaf(xv[j], v, acc[i][j]);
                 }
         }
+        if (STAGES == 2) {
+            if (more) kq_store_stage<TYPE>(tiles[cur ^ 1], st, k0 + GEMM_BK);
+            cur ^= 1;
+        }
         __syncthreads();
     }
 
     rigllm::gemm_tile_store(acc, r0, tr, t0, tt, rows, T, end0, end1, end2, y, residual);
 }
 
-#define RIGLLM_GEMM_KQ(TNAME, TYPE)                                                                               \
+#define RIGLLM_GEMM_KQ(NAME, TYPE, STAGES)                                                                        \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)                                                 \
-        gemm_##TNAME##_q8_1(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,                \
-                            const float* __restrict__ xd, float* y, const float* residual, int rows, int K,         \
-                            int end0, int end1, int end2, int T) {                                                \
-        gemm_kq_body<TYPE>(w, xq, xd, y, residual, rows, K, end0, end1, end2, T);                                 \
+        NAME(const unsigned char* __restrict__ w, const signed char* __restrict__ xq, const float* __restrict__ xd,  \
+             float* y, const float* residual, int rows, int K, int end0, int end1, int end2, int T) {             \
+        gemm_kq_body<TYPE, STAGES>(w, xq, xd, y, residual, rows, K, end0, end1, end2, T);                         \
     }
 
-RIGLLM_GEMM_KQ(q4_k, RIGLLM_Q4_K)
-RIGLLM_GEMM_KQ(q5_k, RIGLLM_Q5_K)
-RIGLLM_GEMM_KQ(q6_k, RIGLLM_Q6_K)
+RIGLLM_GEMM_KQ(gemm_q4_k_q8_1, RIGLLM_Q4_K, 1)
+RIGLLM_GEMM_KQ(gemm_q5_k_q8_1, RIGLLM_Q5_K, 1)
+RIGLLM_GEMM_KQ(gemm_q6_k_q8_1, RIGLLM_Q6_K, 1)
+RIGLLM_GEMM_KQ(gemm_q4_k_q8_1_db, RIGLLM_Q4_K, 2)
+RIGLLM_GEMM_KQ(gemm_q5_k_q8_1_db, RIGLLM_Q5_K, 2)
+RIGLLM_GEMM_KQ(gemm_q6_k_q8_1_db, RIGLLM_Q6_K, 2)

@@ -27,7 +27,7 @@ HOT_KERNELS = frozenset(
         *(f"gemv_{q}_t{t}" for q in ("q4_k", "q5_k", "q6_k") for t in range(1, 9)),
         # the T = 1 variants kq_weight.DEFAULT_KQ_T1 launches (a unit test keeps the two in step)
         *(f"gemv_{q}_t1{v}" for q in ("q4_k", "q5_k", "q6_k") for v in ("_p2", "_r4_u1")),
-        *(f"gemm_{q}_q8_1" for q in ("q4_k", "q5_k", "q6_k")),
+        *(f"gemm_{q}_q8_1{s}" for q in ("q4_k", "q5_k", "q6_k") for s in ("", "_db")),
         *(f"embed_{q}" for q in ("q4_k", "q5_k", "q6_k")),
         "rmsnorm_q8_1",
         "attn_prep",

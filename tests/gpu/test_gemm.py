@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import pytest
 
-from engine.cuda.gemm import DEFAULT_GEMM, GEMM_VARIANTS, gemm_q8
+from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_STAGINGS, gemm_q8
 from engine.cuda.gemv import upload_q8_weight
 from tests.gpu.gpu_fixtures import (
     assert_within,
@@ -79,17 +79,17 @@ def test_fewer_tokens_than_the_buffer_holds(card, rng):
 
 
 @pytest.mark.parametrize("rows,k,tokens", [(4128, 4096, 300), (48, 12288, 7), (200, 32, 64), (100, 4096 + 96, 129)])
-def test_every_variant_gives_the_default_kernels_bits(card, rng, rows, k, tokens):
-    """The GEMM kernels share the tile and each output's order of blocks (gemm_q8.cu), so the same bits, with a
+def test_both_stagings_give_the_same_bits(card, rng, rows, k, tokens):
+    """The two stagings share the tile and each output's order of blocks (gemm_q8.cu), so the same bits, with a
     residual too; K = 4192 ends in a partial 128-value stage."""
     qs, d, _ = random_q8_weight(rng, rows, k)
     weight = upload_q8_weight(card, [(qs, d)], "test.w")
     act, _ = upload_activations(card, random_activations(rng, tokens, k))
     residual = card.upload(rng.standard_normal(rows * tokens).astype(np.float32), "test.residual")
     outs = {}
-    for name in GEMM_VARIANTS:
-        y = card.alloc(4 * rows * tokens, f"test.y.{name}")
-        gemm_q8(card, weight, act, y, tokens, residual=residual, kernel=name)
-        outs[name] = y.download(np.float32, (tokens, rows))
-    for name, got in outs.items():
-        np.testing.assert_array_equal(got, outs[DEFAULT_GEMM], err_msg=f"{name} against {DEFAULT_GEMM}")
+    for staging in GEMM_STAGINGS:
+        y = card.alloc(4 * rows * tokens, f"test.y{staging}")
+        gemm_q8(card, weight, act, y, tokens, residual=residual, staging=staging)
+        outs[staging] = y.download(np.float32, (tokens, rows))
+    for staging, got in outs.items():
+        np.testing.assert_array_equal(got, outs[DEFAULT_GEMM_STAGING], err_msg=f"staging {staging!r}")

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
+from engine.cuda.gemm import GEMM_STAGINGS
 from engine.cuda.gemv import MAX_GEMV_TOKENS, upload_q8_weight
 from engine.cuda.kq_weight import KQ_T1_VARIANTS, embed_kq, gemm_kq, gemv_kq, upload_kq_weight
 from engine.cuda.matmul import matmul, stack
@@ -77,6 +78,20 @@ def test_t1_variants_and_a_single_block_grid(card, rng, qtype, variant, rows, k)
 @pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
 def test_gemm_matches_numpy(card, rng, qtype, rows, k, tokens):
     check_matmul(card, rng, gemm_kq, qtype, rows, k, tokens)
+
+
+@pytest.mark.parametrize("rows,k,tokens", [(2001, 5120, 200), (9, 256, 65)])
+@pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
+def test_both_gemm_stagings_give_the_same_bits(card, rng, qtype, rows, k, tokens):
+    """The GEMM staged in one tile and in two in turn (gemm_kq.cu) sums every output in the same order."""
+    _, _, weight, act, _ = kq_case(card, rng, qtype, rows, k, tokens)
+    outs = []
+    for staging in GEMM_STAGINGS:
+        y = card.alloc(4 * rows * tokens, f"test.y{staging}")
+        gemm_kq(card, weight, act, y, tokens, staging=staging)
+        outs.append(y.download(np.float32, (tokens, rows)))
+    for staging, got in zip(GEMM_STAGINGS, outs):
+        np.testing.assert_array_equal(got, outs[0], err_msg=f"{qtype.name} staging {staging!r}")
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 8, 70])

@@ -41,9 +41,9 @@ from engine.cuda.bench.microbench import run_microbench, time_graph_ms
 from engine.cuda.bench.prefill_breakdown import prefill_breakdown, render_prefill_breakdown
 from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weight
-from engine.cuda.gemm import GEMM_VARIANTS, gemm_q8
+from engine.cuda.gemm import GEMM_STAGINGS, gemm_q8
 from engine.cuda.gemv import Q8Weight, alloc_q8_activations
-from engine.cuda.kq_weight import KQWeight
+from engine.cuda.kq_weight import KQWeight, gemm_kq
 from engine.cuda.matmul import MixedWeight, matmul
 from engine.cuda.slot_decoder import MAX_SLOTS, SlotDecoder, step_launches
 from engine.cuda.weights import GdnWeights, ModelWeights
@@ -188,18 +188,18 @@ def gemm_tops(card: CudaCard, cfg: ModelConfig, n_tokens: int, qtype: GGMLQuanti
     x.xd.fill_zero()
     y = card.alloc(4 * rows * n_tokens, "bench.gemm.y")
     ops = 2 * rows * k * n_tokens
-    variants = {}
+    gemm = gemm_q8 if qtype is None else gemm_kq
+    stagings = {}
     try:
         ms = time_graph_ms(card, 10, lambda _: matmul(card, w, x, y, n_tokens))
-        if qtype is None:  # every Q8_0 kernel of the same tile, by name (gemm.GEMM_VARIANTS)
-            for name in GEMM_VARIANTS:
-                v_ms = time_graph_ms(card, 10, lambda _, name=name: gemm_q8(card, w, x, y, n_tokens, kernel=name))
-                variants[name] = ops / (v_ms * 1e-3) / 1e12
+        for staging in GEMM_STAGINGS:  # the same tile staged both ways (gemm.GEMM_STAGINGS), the default included
+            s_ms = time_graph_ms(card, 10, lambda _, s=staging: gemm(card, w, x, y, n_tokens, staging=s))
+            stagings[staging or "single"] = ops / (s_ms * 1e-3) / 1e12
     finally:
         for buf in (*buffers, x.xq, x.xd, y):
             buf.free()
     return {"type": "Q8_0" if qtype is None else qtype.name, "rows": rows, "k": k, "tokens": n_tokens,
-            "us": ms * 1e3, "tops": ops / (ms * 1e-3) / 1e12, **({"variants_tops": variants} if variants else {})}
+            "us": ms * 1e3, "tops": ops / (ms * 1e-3) / 1e12, "stagings_tops": stagings}
 
 
 def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: str, prompts: tuple[int, ...],
@@ -284,8 +284,8 @@ def render_table(r: dict[str, Any]) -> str:
         f"prefill GEMM at {r['gemm']['tokens']} tokens: {r['gemm']['tops']:.1f} TOPS = "
         f"{100 * r['gemm']['fraction_of_dp4a_peak']:.0f}% of DP4A peak, "
         f"{100 * r['gemm']['fraction_of_fold_ceiling']:.0f}% of its mix's ceiling",
-        *([f"  its kernels: " + ", ".join(f"{n} {t:.1f}" for n, t in r["gemm"]["variants_tops"].items()) + " TOPS"]
-          if r["gemm"].get("variants_tops") else []),
+        *(f"  {g['type']} GEMM staged " + ", ".join(f"{n} {t:.1f}" for n, t in g["stagings_tops"].items()) + " TOPS"
+          for g in (r["gemm"], *r.get("gemm_kquant", ())) if g.get("stagings_tops")),
         "DP4A with a Q8 fold per 8 / 4 DP4As: " + " / ".join(
             f"{f['tops']:.1f} TOPS ({100 * f['fraction_of_dp4a_peak']:.0f}%)"
             for f in r["microbench"]["dp4a_fold_ceilings"].values()),

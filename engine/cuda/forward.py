@@ -47,6 +47,7 @@ from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
 from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activations, quantize_q8_1
 from engine.cuda.matmul import Weight, embed, matmul
+from engine.cuda.norm import norm_shape, rmsnorm_q8_1
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.slot_batch import SlotBatch
 from engine.cuda.sparse_prefill import SparsePrefill
@@ -57,12 +58,6 @@ from engine.gguf.config import ModelConfig
 from engine.reference.rope import Rope
 
 F32, F16 = 4, 2
-NORM_THREADS_DECODE, NORM_THREADS_BATCH = 1024, 256
-# A decode row is split over this many blocks (bit-identical output): measured on the H200, one RMSNorm
-# of 4096 values takes 3.9 us with one block and 2.6 us with 8 (tests/gpu/test_norm_rope.py checks the bits).
-# GEMV-sized batches (a speculative verify, a batched step: up to MAX_GEMV_TOKENS rows) split each row the
-# same way: one 256-thread block per row cost the 9B verify 10 us per norm against 2.6 (…-bench-9b-mtp-breakdown).
-NORM_SLICES_DECODE = 8
 SWIGLU_THREADS = 256
 
 
@@ -130,11 +125,8 @@ class ForwardPass:
     def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, y: DeviceBuffer | None = None) -> None:
         """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given)."""
         d = self.cfg.d_model
-        few = n <= MAX_GEMV_TOKENS
-        grid, threads = ((n, NORM_SLICES_DECODE), NORM_THREADS_DECODE) if few else (n, NORM_THREADS_BATCH)
-        self.card.kernel("rmsnorm_q8_1").launch(
-            grid, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), y, out.xq, out.xd, np.int32(d)
-        )
+        grid, threads = norm_shape(n, n <= MAX_GEMV_TOKENS)
+        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y)
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.forward import NORM_THREADS_BATCH, NORM_THREADS_DECODE, ForwardPass
+from engine.cuda.forward import ForwardPass
+from engine.cuda.norm import NORM_THREADS_BATCH, NORM_THREADS_DECODE, rmsnorm_q8_1
 from engine.cuda.gemv import MAX_GEMV_TOKENS, alloc_q8_activations
 from engine.cuda.matmul import embed, matmul
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer
@@ -109,9 +110,7 @@ class MtpHead:
         xq = self.x2.xq.view(half * d, self.x2.xq.nbytes - half * d)
         xd = self.x2.xd.view(F32 * half * (d // 32), self.x2.xd.nbytes - F32 * half * (d // 32))
         threads = NORM_THREADS_DECODE if n == 1 else NORM_THREADS_BATCH
-        self.card.kernel("rmsnorm_q8_1").launch(
-            n, threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), None, xq, xd, np.int32(2 * d)
-        )
+        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, xq, xd, 2 * d, (n, 1), threads)
 
     def forward(self, n: int, rows: HeadRows, hidden: DeviceBuffer, ids: DeviceBuffer, logits_row: int | None) -> None:
         """n head rows: normed trunk rows `hidden` [n][D] paired with the tokens `ids` [n] (device int32), cached

@@ -238,7 +238,7 @@ def test_a_cancelled_load_frees_every_card(demo, n_cards):
 def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
     """A batched step (and a speculative verify) normalises its few rows as decode does, each row over
     NORM_SLICES_DECODE blocks (the same bits: tests/gpu/test_norm_rope.py); prefill chunks keep one block per row."""
-    from engine.cuda.forward import NORM_SLICES_DECODE, NORM_THREADS_BATCH, NORM_THREADS_DECODE
+    from engine.cuda.norm import NORM_SLICES_DECODE, NORM_THREADS_BATCH, NORM_THREADS_DECODE
 
     card = FakeCard()
     weights = upload_weights(card, demo.file, demo.config)
@@ -250,7 +250,7 @@ def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
     card.launches.clear()
     dec.prefill_slot(2, list(range(16)))
     assert {(grid, block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
-        (16, NORM_THREADS_BATCH), ((1, NORM_SLICES_DECODE), NORM_THREADS_DECODE)}  # the layers; the last row's head norm
+        ((16, 1), NORM_THREADS_BATCH), ((1, NORM_SLICES_DECODE), NORM_THREADS_DECODE)}  # the layers; the last row's head norm
     card.launches.clear()
     dec.step({0: 1, 1: 2})
     assert {(grid, block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {

@@ -38,6 +38,7 @@ from engine.cuda.bench.slot_depth import slots_at_depth
 from engine.cuda.bench.cmp_model import CMP_READ_GBPS, project_step, render_projection, state_bytes
 from engine.cuda.bench.decode_bounds import decode_bounds, render_bounds
 from engine.cuda.bench.microbench import run_microbench, time_graph_ms
+from engine.cuda.bench.norm_shapes import norm_shapes, render_norm_shapes
 from engine.cuda.bench.prefill_breakdown import prefill_breakdown, render_prefill_breakdown
 from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.bench.synthetic_weights import random_kq_weight, random_q8_weight
@@ -266,6 +267,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "decode_kernel_breakdown": breakdown,
         "batched_step_kernel_breakdown": wide_breakdown,
         "constrained_steps": constrained,
+        "rmsnorm_shapes": norm_shapes(card, cfg.d_model, cfg.rms_eps),
         "cmp_kernel_model": project_step(cfg, breakdown, read_ceiling, matrix_read_bytes(weights, cfg)),
         # the line is fitted to the microbenchmark's Q8_0 GEMVs: a K-quant step's launches are not priced by it
         "decode_bounds": (None if kquant_types_of(weights) else
@@ -319,6 +321,8 @@ def render_table(r: dict[str, Any]) -> str:
         lines.extend(render_constrained(r["constrained_steps"]))
     if r.get("decode_bounds"):
         lines.append(render_bounds(r["decode_bounds"]))
+    if "rmsnorm_shapes" in r:
+        lines.append(render_norm_shapes(r["rmsnorm_shapes"]))
     if "cmp_kernel_model" in r:
         lines.append(render_projection(r["cmp_kernel_model"]))
     if r["prefill_4k_vs_fastest_decode"] is not None:

@@ -20,15 +20,9 @@
 // Tails: rows past `rows` and tokens past `T` are staged as zeros with zero scales and are not stored; K is a
 // multiple of 256 (the formats require it), so there is no K tail.
 
+#include "gemm_tile.cuh"
 #include "kquant.cuh"
 #include "matmul_store.cuh"
-
-#define GEMM_BR 64
-#define GEMM_BT 64
-#define GEMM_BK 128
-#define GEMM_LANES 16
-#define GEMM_PITCH 144
-#define GEMM_THREADS 256
 
 struct KqGemmSmem {
     signed char wq[GEMM_BR * GEMM_PITCH];
@@ -155,20 +149,8 @@ __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w
 #pragma unroll
                     for (int j = 0; j < 4; ++j) isum[h][i][j] = rigllm::DOT_FLOAT_BIAS;
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int col = blk * 32 + half * 16;
-                const int hs = HALVES == 2 ? half : 0;
-                int4 wv[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    wv[i] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * GEMM_PITCH + col);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int4 x = *reinterpret_cast<const int4*>(sm.xq + (tt + GEMM_LANES * j) * GEMM_PITCH + col);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) isum[hs][i][j] = rigllm::dot_int8x16(wv[i], x, isum[hs][i][j]);
-                }
-            }
+            for (int half = 0; half < 2; ++half)
+                rigllm::gemm_half_products(sm.wq, sm.xq, tr, tt, blk * 32 + half * 16, isum[HALVES == 2 ? half : 0]);
             const float4 xs4 = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
             const float xv[4] = {xs4.x, xs4.y, xs4.z, xs4.w};
             float ws[HALVES][4];

@@ -40,14 +40,8 @@
 // context length). Token tiles vary fastest so the CTAs that share a weight tile run together and
 // the weight tile is read from HBM about once.
 
+#include "gemm_tile.cuh"
 #include "matmul_store.cuh"
-
-#define GEMM_BR 64       // weight rows per CTA
-#define GEMM_BT 64       // tokens per CTA
-#define GEMM_BK 128      // K values per shared-memory stage (4 blocks of 32)
-#define GEMM_LANES 16    // row lanes = token lanes
-#define GEMM_PITCH 144   // bytes per staged row: 128 + 16 so 16-byte reads of 8 lanes hit distinct banks
-#define GEMM_THREADS 256
 
 struct GemmSmem {
     signed char wq[GEMM_BR * GEMM_PITCH];
@@ -116,19 +110,7 @@ __device__ __forceinline__ void gemm_block(const GemmSmem& sm, int blk, int tr, 
 #pragma unroll
         for (int j = 0; j < 4; ++j) isum[i][j] = rigllm::DOT_FLOAT_BIAS;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int col = blk * 32 + half * 16;
-        int4 w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            w[i] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * GEMM_PITCH + col);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int4 x = *reinterpret_cast<const int4*>(sm.xq + (tt + GEMM_LANES * j) * GEMM_PITCH + col);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) isum[i][j] = rigllm::dot_int8x16(w[i], x, isum[i][j]);
-        }
-    }
+    for (int half = 0; half < 2; ++half) rigllm::gemm_half_products(sm.wq, sm.xq, tr, tt, blk * 32 + half * 16, isum);
     const float4 ws = *reinterpret_cast<const float4*>(sm.ws[blk][tr]);
     const float4 xs = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
     const float wv[4] = {ws.x, ws.y, ws.z, ws.w};

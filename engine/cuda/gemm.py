@@ -22,7 +22,9 @@ GEMM_THREADS = 256
 # suffix: one staged shared-memory tile (""), or two in turn ("_db": one barrier a stage instead of two).
 # `rigllm bench` times both on the prefill shape for each weight type (its JSON's gemm "stagings_tops").
 GEMM_STAGINGS = ("", "_db")
-DEFAULT_GEMM_STAGING = "_db"  # 91.7 against 87.7 TOPS for the 9B FFN at 256 tokens (H200, s14b)
+# Two tiles, measured on the H200 (9B gate+up at 256 tokens, tests/gpu/results/…-s14c-bench-9b-*.json): Q8_0 91.7
+# against 87.8 TOPS, Q4_K 74.3 / 72.2, Q5_K 72.1 / 70.9, Q6_K 72.1 / 71.3. Not measured on a Volta card.
+DEFAULT_GEMM_STAGING = "_db"
 
 
 def gemm_kernel(base: str, staging: str) -> str:

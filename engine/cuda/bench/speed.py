@@ -286,13 +286,13 @@ def render_table(r: dict[str, Any]) -> str:
         f"prefill GEMM at {r['gemm']['tokens']} tokens: {r['gemm']['tops']:.1f} TOPS = "
         f"{100 * r['gemm']['fraction_of_dp4a_peak']:.0f}% of DP4A peak, "
         f"{100 * r['gemm']['fraction_of_fold_ceiling']:.0f}% of its mix's ceiling",
+        *(f"  {g['type']} GEMM: {g['tops']:.1f} TOPS = {100 * g['fraction_of_dp4a_peak']:.0f}% of DP4A peak"
+          for g in r.get("gemm_kquant", ())),
         *(f"  {g['type']} GEMM staged " + ", ".join(f"{n} {t:.1f}" for n, t in g["stagings_tops"].items()) + " TOPS"
           for g in (r["gemm"], *r.get("gemm_kquant", ())) if g.get("stagings_tops")),
         "DP4A with a Q8 fold per 8 / 4 DP4As: " + " / ".join(
             f"{f['tops']:.1f} TOPS ({100 * f['fraction_of_dp4a_peak']:.0f}%)"
             for f in r["microbench"]["dp4a_fold_ceilings"].values()),
-        *(f"  {g['type']} GEMM: {g['tops']:.1f} TOPS = {100 * g['fraction_of_dp4a_peak']:.0f}% of DP4A peak"
-          for g in r.get("gemm_kquant", ())),
         "prompt   prefill t/s   projected CMP t/s",
     ]
     for n, tps in r["prefill_tokens_per_s"].items():

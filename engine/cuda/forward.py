@@ -125,7 +125,7 @@ class ForwardPass:
     def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, y: DeviceBuffer | None = None) -> None:
         """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given)."""
         d = self.cfg.d_model
-        grid, threads = norm_shape(n, n <= MAX_GEMV_TOKENS)
+        grid, threads = norm_shape(n)
         rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y)
 
     def logits_row(self, row: int) -> DeviceBuffer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
+from engine.cuda.gemv import MAX_GEMV_TOKENS
 
 # Measured on the H200: one RMSNorm of 4096 values took 3.9 us with one block and 2.6 us with 8 (7527e6f); one
 # 256-thread block per row cost the 9B verify 10 us per norm against 2.6 (…-bench-9b-mtp-breakdown).
@@ -31,6 +32,6 @@ def rmsnorm_q8_1(card: CudaCard, x: DeviceBuffer, in_stride: int, weight: Device
                                        xq, xd, np.int32(out_stride), stream=stream)
 
 
-def norm_shape(n: int, few: bool) -> tuple[tuple[int, int], int]:
-    """(grid, threads) of n rows: a GEMV-sized batch (`few`) split per row, else a block per row."""
-    return ((n, NORM_SLICES_DECODE), NORM_THREADS_DECODE) if few else ((n, 1), NORM_THREADS_BATCH)
+def norm_shape(n: int) -> tuple[tuple[int, int], int]:
+    """(grid, threads) of n rows: a GEMV-sized batch split per row, else a block per row."""
+    return ((n, NORM_SLICES_DECODE), NORM_THREADS_DECODE) if n <= MAX_GEMV_TOKENS else ((n, 1), NORM_THREADS_BATCH)

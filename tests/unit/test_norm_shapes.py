@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 
 from engine.cuda.bench.norm_shapes import LAUNCHES, ROWS, SHAPES, norm_shapes, render_norm_shapes, shape_name
+from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.norm import NORM_SLICES_DECODE, NORM_THREADS_BATCH, NORM_THREADS_DECODE, norm_shape, rmsnorm_q8_1
 from tests.unit.test_sparse_bench import TimedFakeCard
 
 
 def test_gemv_sized_batches_split_rows_and_longer_ones_take_a_block_per_row():
-    assert norm_shape(3, few=True) == ((3, NORM_SLICES_DECODE), NORM_THREADS_DECODE)
-    assert norm_shape(64, few=False) == ((64, 1), NORM_THREADS_BATCH)
+    assert norm_shape(3) == ((3, NORM_SLICES_DECODE), NORM_THREADS_DECODE)
+    assert norm_shape(MAX_GEMV_TOKENS) == ((MAX_GEMV_TOKENS, NORM_SLICES_DECODE), NORM_THREADS_DECODE)
+    assert norm_shape(MAX_GEMV_TOKENS + 1) == ((MAX_GEMV_TOKENS + 1, 1), NORM_THREADS_BATCH)
 
 
 def test_a_grid_must_have_a_row_of_blocks_per_row():

@@ -7,7 +7,6 @@
 // `x1*cos - x2*sin` into an FMA that numpy does not do.
 #include <cuda_fp16.h>
 #include "q8_1_warp.cuh"
-#include "l2_prefetch.cuh"
 
 // Sum of `v` over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
 // same total because every warp reduces the same 32 partials in the same order. `scratch` holds 32
@@ -36,16 +35,16 @@ __device__ __forceinline__ float rms_inverse(float sum_sq, int n, float eps) {
 // row (the MTP block's concatenated input). Quantising requires n and out_stride to be multiples of
 // 32. Any block size that is a multiple of 32 works; use 1024 for a single row (decode), 256 for many.
 // grid (T, S): S > 1 splits each row's output between S blocks (see the loop), the same bits either way.
-__device__ __forceinline__ void rmsnorm_q8_1_body(const float* __restrict__ x, int in_stride, const float* __restrict__ w,
+extern "C" __global__ void rmsnorm_q8_1(const float* __restrict__ x, int in_stride, const float* __restrict__ w,
                                         int n, float eps, float* __restrict__ y, signed char* __restrict__ xq,
-                                        float* __restrict__ xd, int out_stride, int slices) {
+                                        float* __restrict__ xd, int out_stride) {
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * in_stride;
     const size_t out_row = (size_t)blockIdx.x * out_stride;
     const int lane = threadIdx.x & 31;
     const int n_blocks = (n + 31) >> 5;
-    // slices blocks may share a row (decode: one row is too little work for one block): each computes
-    // the same sum of squares in the same order, then writes every slices-th warp's share of the row.
+    // gridDim.y blocks may share a row (decode: one row is too little work for one block): each computes
+    // the same sum of squares in the same order, then writes every gridDim.y-th warp's share of the row.
     const int warps = blockDim.x >> 5;
     const int first = (threadIdx.x >> 5) + blockIdx.y * warps;  // this warp's first 32-block
     // Its x and w are loaded before the reduction, so their latency overlaps it instead of following it: in a decode
@@ -57,36 +56,12 @@ __device__ __forceinline__ void rmsnorm_q8_1_body(const float* __restrict__ x, i
     for (int i = threadIdx.x; i < n; i += blockDim.x) sum_sq += xr[i] * xr[i];
     const float inv = rms_inverse(block_sum(sum_sq, scratch), n, eps);
 
-    for (int b = first; b < n_blocks; b += warps * slices) {  // a warp per 32-block
+    for (int b = first; b < n_blocks; b += warps * gridDim.y) {  // a warp per 32-block
         const int i = b * 32 + lane;
         const float v = i >= n ? 0.f : b == first ? (x0 * inv) * w0 : (xr[i] * inv) * w[i];
         if (y != nullptr && i < n) y[out_row + i] = v;
         if (xq != nullptr) q8_1_quantize_warp(v, xq + out_row + i, xd + out_row / 32 + b);
     }
-}
-
-extern "C" __global__ void rmsnorm_q8_1(const float* __restrict__ x, int in_stride, const float* __restrict__ w,
-                                        int n, float eps, float* __restrict__ y, signed char* __restrict__ xq,
-                                        float* __restrict__ xd, int out_stride) {
-    rmsnorm_q8_1_body(x, in_stride, w, n, eps, y, xq, xd, out_stride, gridDim.y);
-}
-
-// The same norm with the next GEMV's weights pulled into L2 beside it (l2_prefetch.cuh): blocks with
-// blockIdx.y >= slices prefetch regions a and b instead of norming (row 0's only; the other rows' exit).
-extern "C" __global__ void rmsnorm_q8_1_prefetch(const float* __restrict__ x, int in_stride, const float* __restrict__ w,
-                                                 int n, float eps, float* __restrict__ y, signed char* __restrict__ xq,
-                                                 float* __restrict__ xd, int out_stride, int slices,
-                                                 const char* __restrict__ a, long long a_stride, int a_rows, int a_lines,
-                                                 const char* __restrict__ b, long long b_stride, int b_rows, int b_lines,
-                                                 int step) {
-    if ((int)blockIdx.y < slices) {
-        rmsnorm_q8_1_body(x, in_stride, w, n, eps, y, xq, xd, out_stride, slices);
-        return;
-    }
-    if (blockIdx.x != 0) return;
-    const int block = blockIdx.y - slices, blocks = gridDim.y - slices;
-    l2_prefetch_region(a, a_stride, a_rows, a_lines, step, block, blocks);
-    l2_prefetch_region(b, b_stride, b_rows, b_lines, step, block, blocks);
 }
 
 // Rotation of element d (< rope_dims) of a head whose normalised values are in `xs` (shared): NEOX

@@ -46,7 +46,6 @@ from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
 from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activations, quantize_q8_1
-from engine.cuda.l2_prefetch import plan_regions, policy_from_env, prefetch_blocks, region_args
 from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.norm import norm_shape, rmsnorm_q8_1
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
@@ -115,21 +114,10 @@ class ForwardPass:
         self.trace: HiddenTrace | None = None
         self._trace_rows: DeviceBuffer | None = None
         self._anywhere = False  # attention splits sized for the capacity (run_verify, run_block)
-        self.l2 = policy_from_env()
-        if self.l2 is not None:
-            self.l2 = type(self.l2)(min(self.l2.budget, card.l2_bytes // 2), self.l2.step, self.l2.touch)
-        self._pending: Weight | None = None
-        self._plans: dict[int, list] = {}
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _matmul(self, w: Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
         matmul(self.card, w, x, y, n, residual=residual)
-
-    def _prefetch(self, w: Weight, n: int) -> None:
-        """Pull a prefix of `w`'s rows into L2 beside the norm launched before its GEMV (engine.cuda.l2_prefetch);
-        GEMV-sized batches only: a GEMM reuses each weight tile across its tokens and is not bound by the bus."""
-        if self.l2 is not None and n <= MAX_GEMV_TOKENS:
-            self._pending = w
 
     def _segment(self, w: Weight, index: int, n: int) -> DeviceBuffer:
         return w.segment_view(self.proj, index, n)
@@ -138,17 +126,7 @@ class ForwardPass:
         """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given)."""
         d = self.cfg.d_model
         grid, threads = norm_shape(n)
-        w, self._pending = self._pending, None
-        if w is None:
-            rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y)
-            return
-        regions = self._plans.get(id(w))
-        if regions is None:
-            regions = self._plans[id(w)] = plan_regions(w, self.l2.budget, self.l2.step)[:2]
-        extra = prefetch_blocks(regions, threads)
-        self.card.kernel("rmsnorm_q8_1_prefetch").launch(
-            (grid[0], grid[1] + extra), threads, x, np.int32(d), weight, np.int32(d), np.float32(self.cfg.rms_eps), y,
-            out.xq, out.xd, np.int32(d), np.int32(grid[1]), *region_args(regions), np.int32(self.l2.step))
+        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y)
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size
@@ -175,7 +153,6 @@ class ForwardPass:
             return
         x = self.q8[cfg.d_model]
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
-        self._prefetch(self.w.lm_head, 1)
         self._norm(last, self.w.output_norm, x, 1)
         matmul(self.card, self.w.lm_head, x, self.logits, 1)
 
@@ -196,7 +173,6 @@ class ForwardPass:
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
-        self._prefetch(self.w.lm_head, n)
         self._norm(self.h, self.w.output_norm, x, n, y=hidden)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
@@ -220,7 +196,6 @@ class ForwardPass:
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
-        self._prefetch(self.w.lm_head, n)
         self._norm(self.h, self.w.output_norm, x, n)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
@@ -239,7 +214,6 @@ class ForwardPass:
         slot batch whose row b is one token of its own slot's sequence."""
         x = self.q8[self.cfg.d_model]
         traced = self._traced_rows()
-        self._prefetch(layer.mixer.in_proj if isinstance(layer.mixer, GdnWeights) else layer.mixer.qkv, n)
         self._norm(self.h, layer.mixer.attn_norm, x, n, y=traced)
         self._record(i, "norm", traced, n)
         if isinstance(layer.mixer, GdnWeights):
@@ -248,7 +222,6 @@ class ForwardPass:
             self._attention(i, layer.mixer, x, n, owner, positions)
         self._record(i, "mixer", self.h, n)
         f = layer.ffn
-        self._prefetch(f.gate_up, n)
         self._norm(self.h, f.post_attention_norm, x, n)
         self._matmul(f.gate_up, x, self.proj, n)
         xf = self.q8[self.cfg.d_ff]

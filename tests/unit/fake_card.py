@@ -111,7 +111,7 @@ class FakeCard:
         self.index, self.capacity_bytes = index, capacity_bytes
         self.name = name or f"fake:{index}"
         self.device_name = "fake GPU"
-        self.sm_count, self.arch, self.total_bytes, self.l2_bytes = 132, 90, 80 << 30, 50 << 20
+        self.sm_count, self.arch, self.total_bytes = 132, 90, 80 << 30
         self.stream = _Sync()
         self.launches: list[tuple[str, Any, Any, int]] = []
         self.graphs: list[FakeGraph] = []

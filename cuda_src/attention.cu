@@ -25,7 +25,7 @@
 
 // ---------------------------------------------------------------------------------------------
 // Flash decode: one new token per query (a decode step, or each token of a few-token verify, see
-// rigllm::decode_block). Block = (token, KV head, every stride-th split), DECODE_WARPS warps; each warp walks
+// rigllm::decode_block). Block = (token, KV head, split), DECODE_WARPS warps; each warp walks
 // its keys DECODE_KEYS at a time, one key row per warp (lane l holds dims [l*Dh/32, (l+1)*Dh/32), so
 // a key row is one coalesced load), and keeps its own online softmax for all G query heads of the KV
 // head: K and V are read once for the whole group. The warps' states are merged in shared memory and
@@ -40,99 +40,94 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const _
                                             const int* __restrict__ row_slot,
                                             const unsigned long long* __restrict__ slot_ptrs,
                                             float* __restrict__ part_m, float* __restrict__ part_l,
-                                            float* __restrict__ part_o, int capacity, int n_splits, int stride,
-                                            float scale, int share) {
+                                            float* __restrict__ part_o, int capacity, int n_splits, float scale,
+                                            int share) {
     constexpr int DPL = DH / 32;  // dims per lane
     __shared__ float sh_m[DECODE_WARPS][G];
     __shared__ float sh_l[DECODE_WARPS][G];
     __shared__ float sh_o[DECODE_WARPS][G][DH];
 
-    const rigllm::DecodeBlock blk = rigllm::decode_block(step, stride, G, capacity, share, row_slot);
+    const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share, row_slot);
     if (row_slot != nullptr) {  // a slot-indexed step: this row's sequence's cache (common.cuh)
         k_cache = rigllm::slot_ptr<const __half>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 0);
         v_cache = rigllm::slot_ptr<const __half>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 2);
     }
     const int kv_head = blk.kv_head;
+    int start, end;
+    flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
+    const size_t first_row = blk.first_row;  // partial row of the block's first query head
+    if (start >= end) {
+        if (threadIdx.x < G) {
+            part_m[first_row + threadIdx.x * n_splits] = ATTN_NEG_INF;
+            part_l[first_row + threadIdx.x * n_splits] = 0.f;
+        }
+        return;
+    }
+
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-#pragma unroll 1
-    for (int split = blk.first_split; split < n_splits; split += stride) {  // common.cuh: one partial row each
-        int start, end;
-        flash::split_range(blk.kv_len, n_splits, split, &start, &end);
-        const size_t first_row = blk.q_row * n_splits + split;  // partial row of the block's first query head
-        if (start >= end) {
-            if (threadIdx.x < G) {
-                part_m[first_row + threadIdx.x * n_splits] = ATTN_NEG_INF;
-                part_l[first_row + threadIdx.x * n_splits] = 0.f;
-            }
-            continue;
-        }
+    float qr[G][DPL];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) qr[g][i] = q[(blk.q_row + g) * DH + lane * DPL + i] * scale;
 
-        // q per split (an L1 hit after the first): held across the split loop, it took 6-7 more registers, a block
-        // fewer per SM for the 27B's group of 6 (ptxas, sm_70)
-        float qr[G][DPL];
+    float m[G], l[G], o[G][DPL];
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+    for (int g = 0; g < G; ++g) {
+        m[g] = ATTN_NEG_INF;
+        l[g] = 0.f;
 #pragma unroll
-            for (int i = 0; i < DPL; ++i) qr[g][i] = q[(blk.q_row + g) * DH + lane * DPL + i] * scale;
-        const size_t head_base = (size_t)kv_head * capacity * DH + lane * DPL;
-        float m[G], l[G], o[G][DPL];
+        for (int i = 0; i < DPL; ++i) o[g][i] = 0.f;
+    }
+
+    const size_t head_base = (size_t)kv_head * capacity * DH + lane * DPL;
+    for (int base = start + warp * DECODE_KEYS; base < end; base += DECODE_WARPS * DECODE_KEYS) {
+        float kf[DECODE_KEYS][DPL], vf[DECODE_KEYS][DPL];
+#pragma unroll
+        for (int kk = 0; kk < DECODE_KEYS; ++kk) {
+            const int key = min(base + kk, end - 1);  // a clamped duplicate is masked below
+            flash::load_halves<DPL>(k_cache + head_base + (size_t)key * DH, kf[kk]);
+            flash::load_halves<DPL>(v_cache + head_base + (size_t)key * DH, vf[kk]);
+        }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            m[g] = ATTN_NEG_INF;
-            l[g] = 0.f;
-#pragma unroll
-            for (int i = 0; i < DPL; ++i) o[g][i] = 0.f;
-        }
-
-        for (int base = start + warp * DECODE_KEYS; base < end; base += DECODE_WARPS * DECODE_KEYS) {
-            float kf[DECODE_KEYS][DPL], vf[DECODE_KEYS][DPL];
+            float s[DECODE_KEYS];
+            float tile_max = ATTN_NEG_INF;
 #pragma unroll
             for (int kk = 0; kk < DECODE_KEYS; ++kk) {
-                const int key = min(base + kk, end - 1);  // a clamped duplicate is masked below
-                flash::load_halves<DPL>(k_cache + head_base + (size_t)key * DH, kf[kk]);
-                flash::load_halves<DPL>(v_cache + head_base + (size_t)key * DH, vf[kk]);
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) acc = fmaf(qr[g][i], kf[kk][i], acc);
+                acc = rigllm::warp_sum(acc);
+                s[kk] = base + kk < end ? acc : ATTN_NEG_INF;
+                tile_max = fmaxf(tile_max, s[kk]);
             }
+            const float m_new = fmaxf(m[g], tile_max);  // finite: key `base` is always valid
+            const float corr = __expf(m[g] - m_new);
+            l[g] *= corr;
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float s[DECODE_KEYS];
-                float tile_max = ATTN_NEG_INF;
+            for (int i = 0; i < DPL; ++i) o[g][i] *= corr;
 #pragma unroll
-                for (int kk = 0; kk < DECODE_KEYS; ++kk) {
-                    float acc = 0.f;
+            for (int kk = 0; kk < DECODE_KEYS; ++kk) {
+                const float p = __expf(s[kk] - m_new);
+                l[g] += p;
 #pragma unroll
-                    for (int i = 0; i < DPL; ++i) acc = fmaf(qr[g][i], kf[kk][i], acc);
-                    acc = rigllm::warp_sum(acc);
-                    s[kk] = base + kk < end ? acc : ATTN_NEG_INF;
-                    tile_max = fmaxf(tile_max, s[kk]);
-                }
-                const float m_new = fmaxf(m[g], tile_max);  // finite: key `base` is always valid
-                const float corr = __expf(m[g] - m_new);
-                l[g] *= corr;
-#pragma unroll
-                for (int i = 0; i < DPL; ++i) o[g][i] *= corr;
-#pragma unroll
-                for (int kk = 0; kk < DECODE_KEYS; ++kk) {
-                    const float p = __expf(s[kk] - m_new);
-                    l[g] += p;
-#pragma unroll
-                    for (int i = 0; i < DPL; ++i) o[g][i] = fmaf(p, vf[kk][i], o[g][i]);
-                }
-                m[g] = m_new;
+                for (int i = 0; i < DPL; ++i) o[g][i] = fmaf(p, vf[kk][i], o[g][i]);
             }
+            m[g] = m_new;
         }
-
-        flash::merge_warp_states<DECODE_WARPS, G, DH, DPL>(
-            sh_m, sh_l, sh_o, m, l, o, [&](int g, int dim, float acc, float m_max, float l_sum) {
-                const size_t row = first_row + (size_t)g * n_splits;
-                part_o[row * DH + dim] = acc;
-                if (dim == 0) {
-                    part_m[row] = m_max;
-                    part_l[row] = l_sum;
-                }
-            });
-        __syncthreads();  // the next split's warps rewrite the shared states this one's merge read
     }
+
+    flash::merge_warp_states<DECODE_WARPS, G, DH, DPL>(
+        sh_m, sh_l, sh_o, m, l, o, [&](int g, int dim, float acc, float m_max, float l_sum) {
+            const size_t row = first_row + (size_t)g * n_splits;
+            part_o[row * DH + dim] = acc;
+            if (dim == 0) {
+                part_m[row] = m_max;
+                part_l[row] = l_sum;
+            }
+        });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -221,8 +216,7 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points. Decode: attn_decode_d<Dh>_g<G>, grid = (T, n_head_kv * stride), block = 32*DECODE_WARPS, each block
-// working every stride-th split (common.cuh's decode_block).
+// Entry points. Decode: attn_decode_d<Dh>_g<G>, grid = (T, n_head_kv * n_splits), block = 32*DECODE_WARPS.
 // Prefill: attn_prefill_d<Dh>, grid = ceil(T*G / FLASH_BQ) * n_head_kv * n_splits, block = FLASH_THREADS.
 // `scale` is 1/sqrt(Dh) (passed so the host states it once). Instantiated for Dh 32, 64, 128, 256 and G 1,
 // 2, 4, 6, 8: Dh 256 with G 4 or 6 is every Qwen3.5/3.6 size, Dh 32/64 with G 1, 2, 4 are the tiny test
@@ -230,21 +224,14 @@ extern "C" __global__ void attn_merge_gate(const float* __restrict__ part_m, con
 // headroom. Each pair costs compile time on six architectures, so add one only for a model that needs it. Choosing n_splits: enough blocks to fill
 // the card (decode: n_head_kv * n_splits around 3x the SM count; prefill: multiply the q tiles up to
 // about 2x); split boundaries are multiples of FLASH_SPLIT_ALIGN keys, so short contexts use fewer splits.
-// Blocks per SM each decode kernel is held to: 3, the residency the split count assumes (decode_splits: about 3
-// blocks per SM over the KV heads), where it reached that before the split loop (one split a block); the loop took
-// 6-9 more registers and, unbounded, cost the 27B's kernel (Dh 256, G 6: 168 -> 176) a block per SM (ptxas, sm_70).
-__host__ __device__ constexpr int decode_residency(int dh, int g) { return dh == 256 && g == 8 ? 2 : 3; }
-
 #define ATTN_DECODE_ENTRY(DH, G)                                                                           \
-    extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS, decode_residency(DH, G))               \
-        attn_decode_d##DH##_g##G(                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS, 2) attn_decode_d##DH##_g##G(          \
         const float* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache, \
         const int* __restrict__ step, const int* __restrict__ row_slot,                                   \
         const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m,                     \
-        float* __restrict__ part_l, float* __restrict__ part_o, int capacity, int n_splits, int stride,     \
-        float scale) {                                                                                     \
+        float* __restrict__ part_l, float* __restrict__ part_o, int capacity, int n_splits, float scale) { \
         attn_decode<DH, G>(q, k_cache, v_cache, step, row_slot, slot_ptrs, part_m, part_l, part_o, capacity, \
-                           n_splits, stride, scale, 1);                                                    \
+                           n_splits, scale, 1);                                                            \
     }
 
 #define ATTN_DECODE_ENTRIES(DH) \
@@ -260,17 +247,17 @@ ATTN_DECODE_ENTRIES(128)
 ATTN_DECODE_ENTRIES(256)
 
 // Any other group size G' (a valid model may carry 3, 5, 7, ... query heads per KV head): attn_decode_d<Dh>_gany,
-// grid (T, n_head * stride), one query head per block (rigllm::decode_block with share = G'), so each
+// grid (T, n_head * n_splits), one query head per block (rigllm::decode_block with share = G'), so each
 // KV row is read G' times instead of once: slower, the same partials layout and the same math.
 #define ATTN_DECODE_ANY_GROUP_ENTRY(DH)                                                                    \
     extern "C" __global__ void __launch_bounds__(32 * DECODE_WARPS, 2) attn_decode_d##DH##_gany(          \
         const float* __restrict__ q, const __half* __restrict__ k_cache, const __half* __restrict__ v_cache, \
         const int* __restrict__ step, const int* __restrict__ row_slot,                                   \
         const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ part_m,                     \
-        float* __restrict__ part_l, float* __restrict__ part_o, int capacity, int n_splits, int stride,     \
-        float scale, int group) {                                                                          \
+        float* __restrict__ part_l, float* __restrict__ part_o, int capacity, int n_splits, float scale,  \
+        int group) {                                                                                       \
         attn_decode<DH, 1>(q, k_cache, v_cache, step, row_slot, slot_ptrs, part_m, part_l, part_o, capacity, \
-                           n_splits, stride, scale, group);                                                \
+                           n_splits, scale, group);                                                        \
     }
 
 ATTN_DECODE_ANY_GROUP_ENTRY(32)

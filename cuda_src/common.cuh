@@ -38,33 +38,31 @@ __device__ __forceinline__ T* slot_ptr(const unsigned long long* __restrict__ sl
     return reinterpret_cast<T*>(slot_ptrs[(size_t)row_slot[t] * n + i]);
 }
 
-// Where a flash-decode block works: grid (T, n_head_kv * stride), block (token, KV head, first split). Token t
-// of the batch (a decode step has T = 1; a speculative verify or a slot batch a few) sees cache rows [0, pos + t],
-// so each token's partials equal a one-token decode's at its position, bit for bit. The T blocks that read the
-// same keys are launch neighbours, so the second read of a key row is an L2 hit.
-// A block works splits first, first + stride, .. < n_splits in turn (stride = n_splits: one split a block), each
-// into its own partial row, so any stride gives the same partials: a launch of T rows keeps about one row's
-// block count (stride ~ n_splits / T), instead of T times as many blocks of which, at a short context, most
-// find no key (issue 28: 8 rows of the 9B were 3,168 blocks, six waves of the H200's resident blocks).
+// Where a flash-decode block works: grid (T, n_head_kv * n_splits), block (token, KV head, split). Token t
+// of the batch (a decode step has T = 1; a speculative verify a few) sees cache rows [0, pos + t], so each
+// token's partials equal a one-token decode's at its position, bit for bit. The T blocks that read the same
+// keys are launch neighbours, so the second read of a key row is an L2 hit.
 // Any-group kernels (a group size without its own instantiation) run with group = 1 and share = the real
-// group: grid (T, n_head * stride), one query head per block, which reads KV head (query head / share).
+// group: grid (T, n_head * n_splits), one query head per block, which reads KV head (query head / share).
 struct DecodeBlock {
-    int token, kv_head, first_split;
+    int token, kv_head, split;
     int kv_len;        // keys visible to this token
     size_t q_row;      // query row of the KV head's first query head: t * n_head + kv_head * group
+    size_t first_row;  // its partial row: q_row * n_splits + split
 };
 
-__device__ __forceinline__ DecodeBlock decode_block(const int* __restrict__ step, int stride, int group,
+__device__ __forceinline__ DecodeBlock decode_block(const int* __restrict__ step, int n_splits, int group,
                                                     int capacity, int share, const int* __restrict__ row_slot) {
     DecodeBlock b;
     b.token = blockIdx.x;
-    const int unit = blockIdx.y / stride;  // the block's KV head, or its query head when share > 1
+    const int unit = blockIdx.y / n_splits;  // the block's KV head, or its query head when share > 1
     b.kv_head = unit / share;
-    b.first_split = blockIdx.y - unit * stride;
+    b.split = blockIdx.y - unit * n_splits;
     // a slot-indexed row is its sequence's only new token; a verify's token t sees t more rows
     const int ahead = row_slot != nullptr ? 0 : b.token;
     b.kv_len = min(slot_step(step, row_slot, b.token)[RIGLLM_STEP_POS] + 1 + ahead, capacity);
-    b.q_row = ((size_t)b.token * (gridDim.y / stride) + unit) * group;
+    b.q_row = ((size_t)b.token * (gridDim.y / n_splits) + unit) * group;
+    b.first_row = b.q_row * n_splits + b.split;
     return b;
 }
 

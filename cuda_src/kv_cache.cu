@@ -161,8 +161,6 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
     __shared__ float k_centroids[16], v_centroids[16], signs[kv::BLOCK];
 
     const int capacity = k_side.capacity;
-    // one split a block (stride = n_splits): a split loop as in attention.cu's attn_decode took this kernel past
-    // the registers of its residency (k8v8 Dh 256 G 6: 168 -> 192, 3 blocks per SM -> 2; ptxas, sm_70)
     const rigllm::DecodeBlock blk = rigllm::decode_block(step, n_splits, G, capacity, share, row_slot);
     if (row_slot != nullptr) {  // a slot-indexed step: this row's sequence's cache (common.cuh)
         k_side.codes = rigllm::slot_ptr<const unsigned char>(slot_ptrs, row_slot, blk.token, RIGLLM_KV_SLOT_PTRS, 0);
@@ -172,8 +170,8 @@ __device__ __forceinline__ void kv_decode(const float* __restrict__ q, kv::Side<
     }
     const int kv_head = blk.kv_head;
     int start, end;
-    flash::split_range(blk.kv_len, n_splits, blk.first_split, &start, &end);
-    const size_t first_row = blk.q_row * n_splits + blk.first_split;
+    flash::split_range(blk.kv_len, n_splits, blk.split, &start, &end);
+    const size_t first_row = blk.first_row;
     if (start >= end) {
         if (threadIdx.x < G) {
             part_m[first_row + threadIdx.x * n_splits] = KV_NEG_INF;

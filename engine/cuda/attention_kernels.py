@@ -95,24 +95,14 @@ def _check_shape(dims: AttnDims) -> None:
         )
 
 
-def decode_stride(n_splits: int, n_tokens: int) -> int:
-    """Blocks per KV head (or query head) of an fp16 decode launch over n_tokens rows, each working every
-    stride-th of the n_splits splits (common.cuh's decode_block): a launch of any width keeps about one row's
-    block count, as many as the card holds at once, where one block a split made a launch of 8 rows of the 9B
-    3,168 blocks, six waves of the H200's resident ones, most of them finding no key at a short context. The
-    partials are the same for any stride."""
-    return -(-n_splits // n_tokens)
-
-
-def _decode_launch(prefix: str, dims: AttnDims, built: dict[int, tuple[int, ...]], stride: int
+def _decode_launch(prefix: str, dims: AttnDims, built: dict[int, tuple[int, ...]], n_splits: int
                    ) -> tuple[str, int, tuple[np.int32, ...]]:
-    """(kernel name, grid.y, trailing arguments) of a decode launch with `stride` blocks per head: the group's own
-    kernel, grid over KV heads, or the any-group kernel, grid over query heads with the group size as its last
-    argument."""
+    """(kernel name, grid.y, trailing arguments) of a decode launch: the group's own kernel, grid over KV heads,
+    or the any-group kernel, grid over query heads with the group size as its last argument."""
     _check_shape(dims)
     if dims.group in built[dims.head_dim]:
-        return f"{prefix}_d{dims.head_dim}_g{dims.group}", dims.n_head_kv * stride, ()
-    return f"{prefix}_d{dims.head_dim}_gany", dims.n_head * stride, (np.int32(dims.group),)
+        return f"{prefix}_d{dims.head_dim}_g{dims.group}", dims.n_head_kv * n_splits, ()
+    return f"{prefix}_d{dims.head_dim}_gany", dims.n_head * n_splits, (np.int32(dims.group),)
 
 
 def kernel_format(fmt: KVFormat) -> str:
@@ -157,12 +147,11 @@ def attn_decode_f16(card: CudaCard, dims: AttnDims, q: DeviceBuffer, k_cache: De
                     n_tokens: int = 1, slots: SlotRows | None = None) -> None:
     """Flash decode of n_tokens new tokens, each on its own (common.cuh's decode_block): a decode step, or
     a short verify whose token t then gets exactly the partials a one-token decode at pos + t would, or
-    (`slots`, caches None) one token of each row's slot. Blocks per head: `decode_stride`."""
-    stride = decode_stride(n_splits, n_tokens)
-    name, blocks, tail = _decode_launch("attn_decode", dims, F16_DECODE_GROUPS, stride)
+    (`slots`, caches None) one token of each row's slot."""
+    name, blocks, tail = _decode_launch("attn_decode", dims, F16_DECODE_GROUPS, n_splits)
     card.kernel(name).launch(
         (n_tokens, blocks), DECODE_THREADS, q, k_cache, v_cache, step, *slot_args(slots), *parts.args(),
-        np.int32(capacity), np.int32(n_splits), np.int32(stride), dims.scale, *tail,
+        np.int32(capacity), np.int32(n_splits), dims.scale, *tail,
     )
 
 
@@ -221,8 +210,7 @@ def kv_decode(card: CudaCard, dims: AttnDims, q_domain: DeviceBuffer, cache: KVL
               parts: Partials, n_splits: int, tables: DeviceBuffer, n_tokens: int = 1,
               slots: SlotRows | None = None) -> None:
     """attn_decode_f16 over a quantised cache. Slot-indexed, `cache` only names the format and capacity (any
-    slot's cache of this layer): each row reads its own slot's. One split a block (kv_cache.cu: a split loop took
-    its kernels past the registers of their residency)."""
+    slot's cache of this layer): each row reads its own slot's."""
     name, blocks, tail = _decode_launch(f"kv_decode_{kernel_format(cache.format)}", dims, KV_DECODE_GROUPS, n_splits)
     planes = ((cache.k.codes, cache.k.side, cache.v.codes, cache.v.side) if slots is None else (None,) * 4)
     card.kernel(name).launch(

@@ -26,17 +26,13 @@
 // ---------------------------------------------------------------------------------------------
 // Flash decode: one new token per query (a decode step, or each token of a few-token verify, see
 // rigllm::decode_block). Block = (token, KV head, split), DECODE_WARPS warps; each warp walks
-// its keys decode_keys(G) at a time, one key row per warp (lane l holds dims [l*Dh/32, (l+1)*Dh/32), so
+// its keys DECODE_KEYS at a time, one key row per warp (lane l holds dims [l*Dh/32, (l+1)*Dh/32), so
 // a key row is one coalesced load), and keeps its own online softmax for all G query heads of the KV
 // head: K and V are read once for the whole group. The warps' states are merged in shared memory and
 // written as one partial per (query head, split). Templated on Dh and G so the per-lane q and
 // output accumulators stay in registers.
 constexpr int DECODE_WARPS = 4;
-// Key rows a warp loads before using any: at long contexts the kernel streams the cache, and with 2 a Volta or
-// Hopper SM held 3-4 blocks x 4 warps x 2 keys x (K + V) rows in flight, 24-32 KB against the ~34 KB its memory
-// latency asks for; 4 doubles that. Groups of 6 and more keep 2: their scores take registers, and with 4 the
-// 27B's kernel (Dh 256, G 6) went from 168 to 209 registers, 3 blocks per SM to 2 (ptxas, sm_70).
-__host__ __device__ constexpr int decode_keys(int group) { return group <= 4 ? 4 : 2; }
+constexpr int DECODE_KEYS = 2;
 
 template <int DH, int G>
 __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const __half* __restrict__ k_cache,
@@ -86,7 +82,6 @@ __device__ __forceinline__ void attn_decode(const float* __restrict__ q, const _
     }
 
     const size_t head_base = (size_t)kv_head * capacity * DH + lane * DPL;
-    constexpr int DECODE_KEYS = decode_keys(G);
     for (int base = start + warp * DECODE_KEYS; base < end; base += DECODE_WARPS * DECODE_KEYS) {
         float kf[DECODE_KEYS][DPL], vf[DECODE_KEYS][DPL];
 #pragma unroll

@@ -1,4 +1,6 @@
-# session-15 A/B: depth_streams.py on the base tree (.kbz/base-tree + kbuild-base) and this tree, twice each
+# A/B of a kernel change at several depths (s15e): tests/gpu/depth_streams.py on the base tree (.kbz/base-tree.tar.xz,
+# its kernels .kbz/kbuild-base.tar.xz: git archive BASE engine cuda_src) and on this tree (.kbz/kbuild.tar.xz), twice
+# each, then the attention and batch GPU tests. On the H200: RIGLLM_BASE_COMMIT=... RIGLLM_COMMIT=... bash tests/gpu/ab_depth.sh
 set -u
 mkdir -p .kbuild /tmp/base/.kbuild && tar -C .kbuild -xJf .kbz/kbuild.tar.xz && tar -C /tmp/base -xJf .kbz/base-tree.tar.xz \
   && tar -C /tmp/base/.kbuild -xJf .kbz/kbuild-base.tar.xz
@@ -8,8 +10,8 @@ R=$OUT/results; mkdir -p $R
 for round in 1 2; do
   for side in base new; do
     if [ $side = base ]; then root=/tmp/base; else root=$PWD; fi
-    (cd $root && PYTHONPATH=/tmp/rigllm-site:$root RIGLLM_KERNEL_DIR=$root/.kbuild OUT=$OUT/$side$round RIGLLM_COMMIT=$([ $side = base ] && echo d6fef14 || echo c71a3fb) \
-      timeout 150 python3 $OLDPWD/depth_streams.py 9b 2>&1 | sed "s/^/$side$round /")
+    (cd $root && PYTHONPATH=/tmp/rigllm-site:$root RIGLLM_KERNEL_DIR=$root/.kbuild OUT=$OUT/$side$round RIGLLM_COMMIT=$([ $side = base ] && echo ${RIGLLM_BASE_COMMIT:-base} || echo ${RIGLLM_COMMIT:-new}) \
+      timeout 150 python3 $OLDPWD/tests/gpu/depth_streams.py 9b 2>&1 | sed "s/^/$side$round /")
   done
 done
 PYTHONPATH=/tmp/rigllm-site:$PWD RIGLLM_KERNEL_DIR=$PWD/.kbuild timeout 150 python3 -m pytest -o addopts='' -q -rfE -n 14 \

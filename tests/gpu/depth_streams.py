@@ -1,5 +1,5 @@
-"""Session-15 measurement: aggregate decode t/s of 1/2/4/8 streams at three depths on the committed kernels, the
-runs of each depth alternating widths three times (throwaway driver; results committed)."""
+"""Aggregate decode t/s of 1/2/4/8 streams at depths 512 / 4,096 / 32,768 (synthetic shapes given as arguments), the
+runs of each depth alternating widths three times; JSON to $OUT/results (s15d, and tests/gpu/ab_depth.sh's A/B)."""
 import json, os, sys, time
 import numpy as np
 from engine.cuda.driver import CudaCard

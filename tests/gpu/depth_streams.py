@@ -1,6 +1,6 @@
 """Aggregate decode t/s of 1/2/4/8 streams at depths 512 / 4,096 / 32,768 on the synthetic shapes named as arguments,
-each depth's widths alternating three times (s15d; tests/gpu/ab_depth.sh runs it on two trees). JSON goes to
-$OUT/results/depth-streams-<shape>.json, the medians to stdout.
+each depth's widths alternating three times (s15d; s15e ran it on a base tree and a new one in turn, with the
+one-off driver of commit 03e69de). JSON goes to $OUT/results/depth-streams-<shape>.json, the medians to stdout.
 
     OUT=... RIGLLM_COMMIT=... python3 tests/gpu/depth_streams.py 9b 27b     (on a GPU, with RIGLLM_KERNEL_DIR set)
 """

@@ -2,7 +2,8 @@
 //
 //   out[t][k] = float(d[id][k / 32]) * qs[id][k]      with id = ids[t]
 //
-// Inputs (the shared SoA weight format): qs int8 [vocab][D], d __half [vocab][D/32] (D % 32 == 0),
+// Inputs (the shared SoA weight format): qs int8 [vocab][D] (each row in the blocked payload of
+// q8_blocked.cuh, read back in natural order), d __half [vocab][D/32] (D % 32 == 0),
 // ids int32 [T] on the device (so a decode graph reads the token the sampler just wrote), out fp32
 // [T][D]. One CTA per token; each thread expands 16 int8 values (half a block) per step with one
 // 16-byte load and four 16-byte stores.
@@ -12,6 +13,8 @@
 // out of bounds or silently producing a plausible embedding.
 
 #include <cuda_fp16.h>
+
+#include "q8_blocked.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
 embed_q8_0(const signed char* __restrict__ qs, const __half* __restrict__ d, const int* __restrict__ ids,
@@ -29,7 +32,7 @@ embed_q8_0(const signed char* __restrict__ qs, const __half* __restrict__ d, con
     const signed char* row = qs + (size_t)id * D;
     const __half* scales = d + (size_t)id * (D / 32);
     for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
-        const int4 packed = *reinterpret_cast<const int4*>(row + c * 16);
+        const int4 packed = reinterpret_cast<const int4*>(row)[rigllm::q8_blocked_unit(c, D / 32)];
         const float s = __half2float(scales[c / 2]);
         const int words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll

@@ -3,7 +3,8 @@
 //   y[t][r] (+)= sum over 32-blocks b of  d_w[r][b] * d_x[t][b] * sum_{k in b} qs[r][k] * xq[t][k]
 //
 // Inputs (contracts: the shared device formats):
-//   qs  int8   [rows][K]     Q8_0 weight payload, row-major (K % 32 == 0, so rows are 16-byte aligned)
+//   qs  int8   [rows][K]     Q8_0 weight payload, each row blocked (q8_blocked.cuh; K % 32 == 0, so rows are
+//                            16-byte aligned); the stage loads gather a tile's natural columns from it
 //   dw  __half [rows][K/32]  one weight scale per 32-value block
 //   xq  int8   [T][K]        Q8_1 activations, token-major
 //   xd  float  [T][K/32]     one activation scale per 32-value block
@@ -42,6 +43,7 @@
 
 #include "gemm_tile.cuh"
 #include "matmul_store.cuh"
+#include "q8_blocked.cuh"
 
 struct GemmSmem {
     signed char wq[GEMM_BR * GEMM_PITCH];
@@ -61,10 +63,14 @@ struct StageRegs {
     float xs;
 };
 
+// The 16 values k .. k + 15 (k % 16 == 0) of line `line` of a [n_lines][K] int8 matrix, zeros past its end; the
+// weights' lines are in the blocked payload (q8_blocked.cuh), the activations' natural.
+template <bool BLOCKED>
 __device__ __forceinline__ int4 load_chunk(const signed char* __restrict__ src, int line, int n_lines, int K,
                                            int k) {
-    if (line < n_lines && k < K) return *reinterpret_cast<const int4*>(src + (size_t)line * K + k);
-    return make_int4(0, 0, 0, 0);
+    if (line >= n_lines || k >= K) return make_int4(0, 0, 0, 0);
+    const int unit = BLOCKED ? rigllm::q8_blocked_unit(k >> 4, K >> 5) : k >> 4;
+    return reinterpret_cast<const int4*>(src + (size_t)line * K)[unit];
 }
 
 __device__ __forceinline__ void load_stage(StageRegs& st, const signed char* __restrict__ qs,
@@ -76,8 +82,8 @@ __device__ __forceinline__ void load_stage(StageRegs& st, const signed char* __r
         const int c = threadIdx.x + GEMM_THREADS * h;
         const int line = c >> 3;
         const int k = k0 + (c & 7) * 16;
-        st.w[h] = load_chunk(qs, r0 + line, rows, K, k);
-        st.x[h] = load_chunk(xq, t0 + line, T, K, k);
+        st.w[h] = load_chunk<true>(qs, r0 + line, rows, K, k);
+        st.x[h] = load_chunk<false>(xq, t0 + line, T, K, k);
     }
     const int nblk = K / 32;
     const int line = threadIdx.x >> 2;

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
-from engine.cuda.q8_layout import QK
+from engine.cuda.q8_layout import CHUNK_BLOCKS, QK
 
 GEMV_THREADS = 128
 # Rows per warp for each token count: mirrors RIGLLM_GEMV_Q8(T, R, ...) in gemv_q8.cu (a unit test checks it).
@@ -32,106 +32,41 @@ class GemvLaunch:
 
 
 # The kernels that can be swapped in for each token count (1: decode; 2-3: speculative verifies and two- or
-# three-slot steps; 4-8: batched steps): T -> name -> launch shape. Mirrors gemv_q8.cu's
-# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) lines and the pipelined ones (…_p: the next round's
+# three-slot steps; 4-8: batched steps): T -> name -> launch shape. Mirrors gemv_q8.cu's RIGLLM_GEMV_Q8(T, R, ...),
+# RIGLLM_GEMV_Q8_VARIANT(T, suffix, R, U, THREADS, ...) and RIGLLM_GEMV_Q8_PIPELINED lines (…_p: the next round's
 # weights loaded while the current one multiplies); a unit test checks it; `microbench.gemv_sweep` times them.
 # DEFAULT_GEMV[T] is the one a T-token GEMV launches unless SHAPE_GEMV names its matrix shape's; both follow
 # engine.cuda.bench.gemv_choice's rule on the committed sweeps (tests/unit/test_gemv_shapes.py).
+_VARIANT_SHAPES: dict[int, tuple[str, ...]] = {
+    1: ("r1_u2", "r1_u4", "r2_u2", "r4_u1", "r4_u2", "r1_u2_p", "r2_u1_p", "r4_u1_p"),
+    2: ("r1_u2", "r2_u2", "r4_u1", "r2_u1_p", "r4_u1_p"),
+    3: ("r1_u2", "r2_u2", "r4_u1", "r2_u1_p"),
+    4: ("r1_u2", "r4_u1", "r2_u1_p", "r4_u1_p"),
+    5: ("r2_u1", "r2_u1_p"),
+    6: ("r2_u1", "r2_u1_p"),
+    7: ("r2_u1", "r2_u1_p"),
+    8: ("r2_u1", "r1_u2", "r4_u1_m3", "r2_u1_p", "r4_u1_p"),
+}
 GEMV_VARIANTS = {
-    1: {
-        "gemv_q8_t1": GemvLaunch(GEMV_ROWS_PER_WARP[1], GEMV_THREADS),
-        "gemv_q8_t1_r1_u2": GemvLaunch(1, 128),
-        "gemv_q8_t1_r1_u4": GemvLaunch(1, 128),
-        "gemv_q8_t1_r1_u8": GemvLaunch(1, 128),
-        "gemv_q8_t1_r2_u2": GemvLaunch(2, 128),
-        "gemv_q8_t1_r2_u8": GemvLaunch(2, 128),
-        "gemv_q8_t1_r4_u2": GemvLaunch(4, 128),
-        "gemv_q8_t1_r4_u4": GemvLaunch(4, 128),
-        "gemv_q8_t1_r1_u8_w2": GemvLaunch(1, 64),
-        "gemv_q8_t1_r2_u4_w2": GemvLaunch(2, 64),
-        "gemv_q8_t1_r4_u1_p": GemvLaunch(4, 128),
-        "gemv_q8_t1_r2_u2_p": GemvLaunch(2, 128),
-        "gemv_q8_t1_r1_u4_p": GemvLaunch(1, 128),
-    },
-    2: {
-        "gemv_q8_t2": GemvLaunch(GEMV_ROWS_PER_WARP[2], GEMV_THREADS),
-        "gemv_q8_t2_r4_u2": GemvLaunch(4, 128),
-        "gemv_q8_t2_r2_u4": GemvLaunch(2, 128),
-        "gemv_q8_t2_r1_u8": GemvLaunch(1, 128),
-        "gemv_q8_t2_r4_u1": GemvLaunch(4, 128),
-        "gemv_q8_t2_r2_u1_p": GemvLaunch(2, 128),
-        "gemv_q8_t2_r4_u1_p": GemvLaunch(4, 128),
-    },
-    3: {
-        "gemv_q8_t3": GemvLaunch(GEMV_ROWS_PER_WARP[3], GEMV_THREADS),
-        "gemv_q8_t3_r4_u1": GemvLaunch(4, 128),
-        "gemv_q8_t3_r4_u2": GemvLaunch(4, 128),
-        "gemv_q8_t3_r1_u4": GemvLaunch(1, 128),
-        "gemv_q8_t3_r1_u8": GemvLaunch(1, 128),
-        "gemv_q8_t3_r2_u4": GemvLaunch(2, 128),
-        "gemv_q8_t3_r2_u2_p": GemvLaunch(2, 128),
-        "gemv_q8_t3_r4_u1_p": GemvLaunch(4, 128),
-    },
-    4: {
-        "gemv_q8_t4": GemvLaunch(GEMV_ROWS_PER_WARP[4], GEMV_THREADS),
-        "gemv_q8_t4_r4_u1": GemvLaunch(4, 128),
-        "gemv_q8_t4_r1_u4": GemvLaunch(1, 128),
-        "gemv_q8_t4_r2_u4": GemvLaunch(2, 128),
-        "gemv_q8_t4_r8_u1": GemvLaunch(8, 128),
-        "gemv_q8_t4_r2_u1_p": GemvLaunch(2, 128),
-        "gemv_q8_t4_r4_u1_p": GemvLaunch(4, 128),
-    },
-    **{t: {f"gemv_q8_t{t}": GemvLaunch(GEMV_ROWS_PER_WARP[t], GEMV_THREADS),
-           f"gemv_q8_t{t}_r2_u1": GemvLaunch(2, 128),
-           f"gemv_q8_t{t}_r2_u2": GemvLaunch(2, 128),
-           f"gemv_q8_t{t}_r2_u1_p": GemvLaunch(2, 128)} for t in (5, 6, 7)},
-    8: {
-        "gemv_q8_t8": GemvLaunch(GEMV_ROWS_PER_WARP[8], GEMV_THREADS),
-        "gemv_q8_t8_r2_u1": GemvLaunch(2, 128),
-        "gemv_q8_t8_r2_u2": GemvLaunch(2, 128),
-        "gemv_q8_t8_r4_u2": GemvLaunch(4, 128),
-        "gemv_q8_t8_r1_u4": GemvLaunch(1, 128),
-        "gemv_q8_t8_r2_u1_p": GemvLaunch(2, 128),
-        "gemv_q8_t8_r4_u1_p": GemvLaunch(4, 128),
-    },
+    t: {f"gemv_q8_t{t}": GemvLaunch(GEMV_ROWS_PER_WARP[t], GEMV_THREADS),
+        **{f"gemv_q8_t{t}_{s}": GemvLaunch(int(s[1]), GEMV_THREADS) for s in shapes}}
+    for t, shapes in _VARIANT_SHAPES.items()
 }
 # DEFAULT_GEMV[T]: the variant with the least GEMV time over a whole 9B step of the width's sweep (the rule of
 # engine.cuda.bench.gemv_choice); SHAPE_GEMV: per matrix shape (tokens, rows, k), the variant that sweep measured
 # at least SHAPE_GAIN faster than that default on the shape's matrices. Both from `rigllm bench --synthetic 9b
-# --gemv-sweep T` on the H200, 2026-12-03, on the kernels that read DP4A sums as floats without I2F and reduce by
-# reduce-scatter (tests/gpu/results/2026-12-03-h200-s12b-gemv-sweep-9b-t{1..8}.json); tests/unit/test_gemv_shapes.py
-# holds both tables to those files. Every variant computes the same sums, so outputs do not change. Timed inside
-# whole steps in one call against the base commit's kernels and tables (…-s12b-bench-9b-q8_0-{new,base}.json):
-# one-token GEMVs 2,272 -> 2,238 us a step, eight-token GEMVs 3,352 -> 2,969 us. A sweep times each matrix
-# alone, out of the step's L2 and launch context, and varies by a few percent between runs, so its per-shape gains
-# are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the sweeps on the target card: Volta's
-# register file and SM count may rank the variants differently.
-DEFAULT_GEMV = {1: "gemv_q8_t1_r4_u1_p", 2: "gemv_q8_t2_r2_u1_p", 3: "gemv_q8_t3_r2_u2_p", 4: "gemv_q8_t4_r2_u1_p",
-                5: "gemv_q8_t5_r2_u1", 6: "gemv_q8_t6_r2_u2", 7: "gemv_q8_t7_r2_u1", 8: "gemv_q8_t8_r4_u2"}
+# --gemv-sweep T` on the H200 on the blocked payload; tests/unit/test_gemv_shapes.py holds both tables to those
+# files. Every variant of a width computes the same sums in the same order per lane, so outputs do not change with
+# the choice. A sweep times each matrix alone, out of the step's L2 and launch context, and varies by a few percent
+# between runs, so its per-shape gains are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the
+# sweeps on the target card: Volta's register file and SM count may rank the variants differently.
+DEFAULT_GEMV = {t: f"gemv_q8_t{t}" for t in GEMV_ROWS_PER_WARP}
 SHAPE_GAIN = 1.03
-SHAPE_GEMV: dict[tuple[int, int, int], str] = {
-    (1, 12352, 4096): "gemv_q8_t1_r4_u2",
-    (2, 12352, 4096): "gemv_q8_t2_r4_u1",
-    (2, 10240, 4096): "gemv_q8_t2_r4_u2",
-    (3, 10240, 4096): "gemv_q8_t3_r4_u1",
-    (3, 24576, 4096): "gemv_q8_t3_r4_u2",
-    (4, 12352, 4096): "gemv_q8_t4_r8_u1",
-    (4, 10240, 4096): "gemv_q8_t4_r4_u1_p",
-    (4, 24576, 4096): "gemv_q8_t4_r8_u1",
-    (4, 248320, 4096): "gemv_q8_t4_r2_u4",
-    (5, 4096, 12288): "gemv_q8_t5_r2_u2",
-    (5, 248320, 4096): "gemv_q8_t5_r2_u2",
-    (6, 12352, 4096): "gemv_q8_t6_r2_u1",
-    (6, 24576, 4096): "gemv_q8_t6",
-    (7, 10240, 4096): "gemv_q8_t7_r2_u1_p",
-    (7, 24576, 4096): "gemv_q8_t7",
-    (7, 4096, 12288): "gemv_q8_t7_r2_u1_p",
-    (7, 248320, 4096): "gemv_q8_t7",
-    (8, 10240, 4096): "gemv_q8_t8_r2_u1",
-    (8, 24576, 4096): "gemv_q8_t8",
-}
+SHAPE_GEMV: dict[tuple[int, int, int], str] = {}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
+BLOCK_PAYLOAD_THREADS = 256
+MAX_BLOCK_PAYLOAD_GRID = 65536  # the permute kernel strides over (row, chunk) pairs past it
 
 
 def gemv_variant(n_tokens: int, rows: int, k: int) -> str:
@@ -142,7 +77,8 @@ def gemv_variant(n_tokens: int, rows: int, k: int) -> str:
 
 @dataclass(frozen=True)
 class Q8Weight:
-    """A Q8_0 matrix (or several stacked row-wise) in the device layout: qs int8 [rows][k], d fp16 [rows][k/32]."""
+    """A Q8_0 matrix (or several stacked row-wise) in the device layout: qs int8 [rows][k] with each row in the
+    blocked payload (cuda_src/q8_blocked.cuh), d fp16 [rows][k/32]."""
 
     qs: DeviceBuffer
     d: DeviceBuffer
@@ -161,7 +97,11 @@ class Q8Weight:
 
 
 def upload_q8_weight(card: CudaCard, parts: Sequence[tuple[np.ndarray, np.ndarray]], label: str) -> Q8Weight:
-    """Upload one or more (qs int8 [rows_i, k], d fp16 [rows_i, k/32]) matrices, stacked row-wise."""
+    """Upload one or more (qs int8 [rows_i, k], d fp16 [rows_i, k/32]) matrices, stacked row-wise.
+
+    qs arrives row-major and is permuted into the blocked payload on the card, in place (`q8_block_payload`, a
+    few ms for a 9B model's weights even on a CMP), so loading costs no host-side pass over the weights; the
+    card is synchronized so that a launch fault shows here, naming the matrix."""
     if not 1 <= len(parts) <= MAX_SEGMENTS:
         raise ValueError(f"{label}: 1 to {MAX_SEGMENTS} matrices can share one GEMV, not {len(parts)}")
     k = parts[0][0].shape[1]
@@ -172,13 +112,14 @@ def upload_q8_weight(card: CudaCard, parts: Sequence[tuple[np.ndarray, np.ndarra
             raise ValueError(f"{label}: d has shape {d.shape}, expected {(qs.shape[0], k // QK)}; k must be a multiple of {QK}")
     qs_all = np.concatenate([qs for qs, _ in parts]) if len(parts) > 1 else parts[0][0]
     d_all = np.concatenate([d for _, d in parts]) if len(parts) > 1 else parts[0][1]
-    return Q8Weight(
-        qs=card.upload(qs_all, f"{label}.qs"),
-        d=card.upload(d_all, f"{label}.d"),
-        rows=qs_all.shape[0],
-        k=k,
-        segments=tuple(qs.shape[0] for qs, _ in parts),
-    )
+    rows = qs_all.shape[0]
+    qs_buf = card.upload(qs_all, f"{label}.qs")
+    warps = rows * -(-(k // QK) // CHUNK_BLOCKS)
+    grid = min(-(-warps // (BLOCK_PAYLOAD_THREADS // 32)), MAX_BLOCK_PAYLOAD_GRID)
+    card.kernel("q8_block_payload").launch(grid, BLOCK_PAYLOAD_THREADS, qs_buf, np.int32(rows), np.int32(k))
+    card.synchronize()
+    return Q8Weight(qs=qs_buf, d=card.upload(d_all, f"{label}.d"), rows=rows, k=k,
+                    segments=tuple(qs.shape[0] for qs, _ in parts))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ Weights and activations are exact Q8 data, so numpy in float64 gives the exact a
 may differ only by fp32 summation order: the bound is 1e-5 of sum_k |W x| per output
 (`gemv_error_bound`). Token counts cover a single token, partial 64-token tiles (7, 100, 300) and
 whole ones (64, 256); row counts cover less than one tile (32, 48), a partial last tile (4096 + 32)
-and the 9B FFN width (12288); K covers a single block (32, a partial 128-value stage) and the 9B
-widths (4096, 12288).
+and the 9B FFN width (12288); K covers a single block (32, a partial 128-value stage), a short last chunk
+of the blocked weight payload (1,056 = 33 blocks) and the 9B widths (4096, 12288).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.gpu.gpu_fixtures import (
 )
 
 TOKENS = [1, 7, 64, 100, 256, 300]
-SHAPES = [(32, 32), (48, 4096), (4128, 32), (4128, 12288), (12288, 4096)]
+SHAPES = [(32, 32), (48, 4096), (48, 1056), (4128, 32), (4128, 12288), (12288, 4096)]
 
 
 @functools.lru_cache(maxsize=2)

@@ -1,9 +1,9 @@
-"""The DP4A GEMV (gemv_q8_t1..t8 and the T=1, 2 and 3 variants) against numpy on the same quantized activations.
+"""The DP4A GEMV (gemv_q8_t1..t8 and their variants) against numpy on the same quantized activations.
 
 Weights and activations are exactly representable Q8 data, so numpy in float64 gives the exact answer
 and the kernel may differ only by fp32 summation order: the bound is 1e-5 of sum_k |W x| per output
 (`gemv_error_bound`). Shapes are odd on purpose: rows that are not multiples of the rows per block,
-K = 32 (a single 16-byte slice pair), 96, 4096 and 12288.
+K = 32 (a single block), 96 and 1,056 (a short last chunk of the blocked payload), 4096 and 12288.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from engine.cuda.gemv import (
     gemv_q8,
     upload_q8_weight,
 )
+from engine.cuda.q8_layout import block_q8_payload
 from tests.gpu.gpu_fixtures import (
     assert_within,
     check_residual_epilogue,
@@ -28,7 +29,20 @@ from tests.gpu.gpu_fixtures import (
     upload_activations,
 )
 
-SHAPES = [(1, 32), (13, 96), (37, 4096), (77, 12288), (1000, 4096)]
+SHAPES = [(1, 32), (13, 96), (37, 1056), (37, 4096), (77, 12288), (1000, 4096)]
+
+
+@pytest.mark.parametrize("rows,k", [(1, 32), (13, 96), (5, 1024), (37, 1056), (300, 12288)])
+def test_upload_leaves_the_blocked_payload(card, rng, rows, k):
+    """The card's in-place permutation gives q8_layout.block_q8_payload's bytes (a short last chunk at K = 32,
+    96 and 1,056); then again with a one-block grid, which strides over every (row, chunk) pair."""
+    qs, d, _ = random_q8_weight(rng, rows, k)
+    weight = upload_q8_weight(card, [(qs, d)], "test.w")
+    np.testing.assert_array_equal(weight.qs.download(np.int8, (rows, k)), block_q8_payload(qs))
+    np.testing.assert_array_equal(weight.d.download(np.float16, (rows, k // 32)), d)
+    buf = card.upload(qs, "test.qs")
+    card.kernel("q8_block_payload").launch(1, 256, buf, np.int32(rows), np.int32(k))
+    np.testing.assert_array_equal(buf.download(np.int8, (rows, k)), block_q8_payload(qs))
 
 
 

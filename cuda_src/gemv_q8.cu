@@ -222,7 +222,16 @@ RIGLLM_GEMV_Q8_VARIANT(6, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(7, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(8, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(8, r1_u2, 1, 2, 128, 8)
-// gemv_q8_t8's shape with room for 168 registers (MIN_BLOCKS 3 instead of the 4 it fits in without spills)
+// One row and one chunk a lane (two loads in flight per lane, the most warps) for the middle widths.
+RIGLLM_GEMV_Q8_VARIANT(2, r1_u1, 1, 1, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(5, r1_u1, 1, 1, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(6, r1_u1, 1, 1, 128, 8)
+RIGLLM_GEMV_Q8_VARIANT(7, r1_u1, 1, 1, 128, 8)
+// gemv_q8_t<T>'s shape (T = 5..8) with room for 168 registers (MIN_BLOCKS 3 instead of the 4 it fits in without
+// spills): at T = 8 the register cap of 128 cost 10% in the first sweep of this layout.
+RIGLLM_GEMV_Q8_VARIANT(5, r4_u1_m3, 4, 1, 128, 3)
+RIGLLM_GEMV_Q8_VARIANT(6, r4_u1_m3, 4, 1, 128, 3)
+RIGLLM_GEMV_Q8_VARIANT(7, r4_u1_m3, 4, 1, 128, 3)
 RIGLLM_GEMV_Q8_VARIANT(8, r4_u1_m3, 4, 1, 128, 3)
 RIGLLM_GEMV_Q8_PIPELINED(1, r1_u2, 1, 2, 128, 8)
 RIGLLM_GEMV_Q8_PIPELINED(1, r2_u1, 2, 1, 128, 7)

@@ -39,12 +39,12 @@ class GemvLaunch:
 # engine.cuda.bench.gemv_choice's rule on the committed sweeps (tests/unit/test_gemv_shapes.py).
 _VARIANT_SHAPES: dict[int, tuple[str, ...]] = {
     1: ("r1_u2", "r1_u4", "r2_u2", "r4_u1", "r4_u2", "r1_u2_p", "r2_u1_p", "r4_u1_p"),
-    2: ("r1_u2", "r2_u2", "r4_u1", "r2_u1_p", "r4_u1_p"),
+    2: ("r1_u1", "r1_u2", "r2_u2", "r4_u1", "r2_u1_p", "r4_u1_p"),
     3: ("r1_u2", "r2_u2", "r4_u1", "r2_u1_p"),
     4: ("r1_u2", "r4_u1", "r2_u1_p", "r4_u1_p"),
-    5: ("r2_u1", "r2_u1_p"),
-    6: ("r2_u1", "r2_u1_p"),
-    7: ("r2_u1", "r2_u1_p"),
+    5: ("r1_u1", "r2_u1", "r4_u1_m3", "r2_u1_p"),
+    6: ("r1_u1", "r2_u1", "r4_u1_m3", "r2_u1_p"),
+    7: ("r1_u1", "r2_u1", "r4_u1_m3", "r2_u1_p"),
     8: ("r2_u1", "r1_u2", "r4_u1_m3", "r2_u1_p", "r4_u1_p"),
 }
 GEMV_VARIANTS = {

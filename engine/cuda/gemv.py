@@ -55,14 +55,23 @@ GEMV_VARIANTS = {
 # DEFAULT_GEMV[T]: the variant with the least GEMV time over a whole 9B step of the width's sweep (the rule of
 # engine.cuda.bench.gemv_choice); SHAPE_GEMV: per matrix shape (tokens, rows, k), the variant that sweep measured
 # at least SHAPE_GAIN faster than that default on the shape's matrices. Both from `rigllm bench --synthetic 9b
-# --gemv-sweep T` on the H200 on the blocked payload; tests/unit/test_gemv_shapes.py holds both tables to those
-# files. Every variant of a width computes the same sums in the same order per lane, so outputs do not change with
+# --gemv-sweep T` on the H200, 2026-12-03, on the blocked payload (tests/gpu/results/2026-12-03-h200-s16c-gemv-sweep-
+# 9b-t{1,2,5,6,7,8}.json and s16b's t3, t4: each width's last sweep after its variants last changed); test_gemv_shapes
+# holds both tables to those files. Every variant of a width computes the same sums in the same order per lane, so outputs do not change with
 # the choice. A sweep times each matrix alone, out of the step's L2 and launch context, and varies by a few percent
 # between runs, so its per-shape gains are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the
 # sweeps on the target card: Volta's register file and SM count may rank the variants differently.
-DEFAULT_GEMV = {t: f"gemv_q8_t{t}" for t in GEMV_ROWS_PER_WARP}
+DEFAULT_GEMV = {1: "gemv_q8_t1", 2: "gemv_q8_t2_r1_u1", 3: "gemv_q8_t3_r4_u1", 4: "gemv_q8_t4_r4_u1_p",
+                5: "gemv_q8_t5_r4_u1_m3", 6: "gemv_q8_t6_r4_u1_m3", 7: "gemv_q8_t7_r4_u1_m3", 8: "gemv_q8_t8_r4_u1_m3"}
 SHAPE_GAIN = 1.03
-SHAPE_GEMV: dict[tuple[int, int, int], str] = {}
+SHAPE_GEMV: dict[tuple[int, int, int], str] = {
+    (1, 4096, 4096): "gemv_q8_t1_r2_u1_p",
+    (1, 4096, 12288): "gemv_q8_t1_r1_u2",
+    (3, 4096, 12288): "gemv_q8_t3_r2_u1_p",
+    (6, 248320, 4096): "gemv_q8_t6",
+    (7, 248320, 4096): "gemv_q8_t7",
+    (8, 248320, 4096): "gemv_q8_t8",
+}
 MAX_SEGMENTS = 4
 QUANTIZE_THREADS = 256
 BLOCK_PAYLOAD_THREADS = 256

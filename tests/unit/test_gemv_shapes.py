@@ -16,7 +16,9 @@ from engine.cuda.gemv import (DEFAULT_GEMV, GEMV_VARIANTS, SHAPE_GAIN, SHAPE_GEM
 from fake_card import FakeCard
 
 RESULTS = Path(__file__).resolve().parents[1] / "gpu" / "results"
-SWEEPS = {t: RESULTS / f"2026-12-03-h200-s12b-gemv-sweep-9b-t{t}.json" for t in range(1, 9)}
+# each width's last sweep on the H200 after its variants last changed (gemv.py's table comment)
+SWEEPS = {t: RESULTS / f"2026-12-03-h200-{'s16b' if t in (3, 4) else 's16c'}-gemv-sweep-9b-t{t}.json"
+          for t in range(1, 9)}
 
 
 @pytest.mark.parametrize("tokens", sorted(SWEEPS))
@@ -41,7 +43,7 @@ def test_a_launch_takes_its_shapes_variant_else_the_widths_default():
         gemv_q8(card, w, x, y, tokens)
         return card.launches[-1][0]
 
-    assert launched(24576, 4096, 8) == SHAPE_GEMV[(8, 24576, 4096)] == gemv_variant(8, 24576, 4096)
-    assert launched(12352, 4096, 1) == SHAPE_GEMV[(1, 12352, 4096)] != DEFAULT_GEMV[1]
-    assert launched(4096, 4096, 1) == DEFAULT_GEMV[1]
+    assert launched(4096, 4096, 1) == SHAPE_GEMV[(1, 4096, 4096)] == gemv_variant(1, 4096, 4096) != DEFAULT_GEMV[1]
+    assert launched(4096, 12288, 1) == SHAPE_GEMV[(1, 4096, 12288)] != DEFAULT_GEMV[1]
+    assert launched(12352, 4096, 1) == DEFAULT_GEMV[1]
     assert launched(256, 512, 8) == DEFAULT_GEMV[8]

@@ -57,10 +57,11 @@ GEMV_VARIANTS = {
 # at least SHAPE_GAIN faster than that default on the shape's matrices. Both from `rigllm bench --synthetic 9b
 # --gemv-sweep T` on the H200, 2026-12-03, on the blocked payload (tests/gpu/results/2026-12-03-h200-s16c-gemv-sweep-
 # 9b-t{1,2,5,6,7,8}.json and s16b's t3, t4: each width's last sweep after its variants last changed); test_gemv_shapes
-# holds both tables to those files. Every variant of a width computes the same sums in the same order per lane, so outputs do not change with
-# the choice. A sweep times each matrix alone, out of the step's L2 and launch context, and varies by a few percent
-# between runs, so its per-shape gains are upper bounds. Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the
-# sweeps on the target card: Volta's register file and SM count may rank the variants differently.
+# holds both tables to those files. Every variant of a width sums each row in the same order (a lane's blocks in
+# chunk order, then the same shuffle tree), so the choice does not change outputs. A sweep times each matrix alone,
+# out of the step's L2 and launch context, and varies by a few percent between runs, so its per-shape gains are upper
+# bounds. Other shapes (the 27B's) run DEFAULT_GEMV. Re-run the sweeps on the target card: Volta's register file and
+# SM count may rank the variants differently.
 DEFAULT_GEMV = {1: "gemv_q8_t1", 2: "gemv_q8_t2_r1_u1", 3: "gemv_q8_t3_r4_u1", 4: "gemv_q8_t4_r4_u1_p",
                 5: "gemv_q8_t5_r4_u1_m3", 6: "gemv_q8_t6_r4_u1_m3", 7: "gemv_q8_t7_r4_u1_m3", 8: "gemv_q8_t8_r4_u1_m3"}
 SHAPE_GAIN = 1.03
@@ -108,9 +109,10 @@ class Q8Weight:
 def upload_q8_weight(card: CudaCard, parts: Sequence[tuple[np.ndarray, np.ndarray]], label: str) -> Q8Weight:
     """Upload one or more (qs int8 [rows_i, k], d fp16 [rows_i, k/32]) matrices, stacked row-wise.
 
-    qs arrives row-major and is permuted into the blocked payload on the card, in place (`q8_block_payload`, a
-    few ms for a 9B model's weights even on a CMP), so loading costs no host-side pass over the weights; the
-    card is synchronized so that a launch fault shows here, naming the matrix."""
+    qs arrives row-major and is permuted into the blocked payload on the card, in place (`q8_block_payload`: one
+    read and one write of the matrix there, about 21 ms for a 9B's 8.6 GB at a CMP's 818 GB/s by that count, not
+    measured), where a numpy pass over the weights would cost seconds of loading; the card is synchronized so
+    that a launch fault shows here, naming the matrix."""
     if not 1 <= len(parts) <= MAX_SEGMENTS:
         raise ValueError(f"{label}: 1 to {MAX_SEGMENTS} matrices can share one GEMV, not {len(parts)}")
     k = parts[0][0].shape[1]

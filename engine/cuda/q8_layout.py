@@ -4,8 +4,8 @@ GGUF stores Q8_0 as 34-byte blocks (fp16 scale, then 32 int8), whose int8 payloa
 On the device the weights are a structure of arrays instead (anchor-qengine.md §7.6): `qs` int8 [rows][K],
 so every row is 16-byte aligned for vector loads, and `d` fp16 [rows][K/32]. Same bytes as GGUF, no padding.
 Each qs row is uploaded row-major and permuted on the card into the blocked payload (`block_q8_payload` is its
-oracle; cuda_src/q8_blocked.cuh the device side). Activations quantized for the DP4A kernels are `xq` int8 [T][K] and `xd` fp32
-[T][K/32], computed exactly as `cuda_src/quantize.cu` does (see `quantize_q8_1`).
+oracle; cuda_src/q8_blocked.cuh the device side). Activations quantized for the DP4A kernels are `xq` int8 [T][K]
+(natural order) and `xd` fp32 [T][K/32], computed exactly as `cuda_src/quantize.cu` does (see `quantize_q8_1`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 - copy bandwidth: a large device-to-device copy, counted as read + write (as targets.md's 4281 GB/s);
 - DP4A peak: `dp4a_peak`, 8 independent chains per thread, 16 blocks of 256 threads per SM;
-- DP4A under a Q8 fold: `dp4a_fold_peak_d8` / `_d4`, the same with three fp32 instructions per 8 or 4 DP4As, as a
-  Q8_0 x Q8_1 GEMM tile and GEMV fold their integer sums (`dp4a_fold_ceilings`);
+- DP4A under a Q8 fold: `dp4a_fold_peak_d8` / `_d4`, the same with three fp32 instructions per 8 or 4 DP4As, as the
+  Q8_0 x Q8_1 GEMM tile and GEMV fold their integer sums per 32-value block (and as the GEMV folded per half block
+  on the row-major payload before 2026-12-03's blocked one) (`dp4a_fold_ceilings`);
 - graph node: `graph_node_us`, back-to-back empty launches in one graph (a kernel's cost before any work);
 - GEMV bandwidth: `gemv_q8_t1` on every weight matrix of one decode step of a model shape (stacked as
   the runner stacks them), each rotated over enough random copies that L2 (tens of MiB) cannot serve
@@ -88,9 +89,9 @@ def dp4a_peak(card: CudaCard, iters: int = 4096, reps: int = 5, kernel_name: str
 
 def dp4a_fold_ceilings(card: CudaCard, peak_tops: float) -> dict[str, dict[str, float]]:
     """The DP4A rate of a Q8 dot product's instruction mix (microbench.cu dp4a_fold_peak_d*): 8 DP4As per fold
-    (the prefill GEMM's tile, per output and 32-value block) and 4 (the GEMV, per half block), each in TOPS and as a
-    fraction of the bare DP4A peak: the ceiling any kernel of that mix can reach, beside the peak it is measured
-    against."""
+    (the prefill GEMM's tile and the GEMV, per output and 32-value block) and 4 (per half block, the row-major GEMV's
+    mix before the blocked payload), each in TOPS and as a fraction of the bare DP4A peak: the ceiling any kernel of
+    that mix can reach, beside the peak it is measured against."""
     out = {}
     for dots in FOLD_DOTS:
         r = dp4a_peak(card, iters=4096 // dots, kernel_name=f"dp4a_fold_peak_d{dots}", dots_per_round=dots)

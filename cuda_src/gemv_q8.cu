@@ -34,13 +34,13 @@
 extern "C" __global__ void __launch_bounds__(256) q8_block_payload(signed char* qs, int rows, int K) {
     const int lane = threadIdx.x & 31;
     const int n_blocks = K >> 5;
-    const int n_chunks = (n_blocks + rigllm::Q8_CHUNK_BLOCKS - 1) / rigllm::Q8_CHUNK_BLOCKS;
+    const int n_chunks = rigllm::q8_chunks(n_blocks);
     const long long warps = (long long)rows * n_chunks;
     for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < warps;
          w += (long long)gridDim.x * (blockDim.x >> 5)) {
         const int row = (int)(w / n_chunks);
         const int chunk = (int)(w - (long long)row * n_chunks);
-        const int m = min(rigllm::Q8_CHUNK_BLOCKS, n_blocks - chunk * rigllm::Q8_CHUNK_BLOCKS);
+        const int m = rigllm::q8_chunk_blocks(chunk, n_blocks);
         int4* base = reinterpret_cast<int4*>(qs + (size_t)row * K) + chunk * 2 * rigllm::Q8_CHUNK_BLOCKS;
         int4 half0 = make_int4(0, 0, 0, 0), half1 = half0;
         if (lane < m) {
@@ -59,15 +59,14 @@ extern "C" __global__ void __launch_bounds__(256) q8_block_payload(signed char* 
 // offsets 64 * u units and 32 * u scales; zeros past the row's end (lanes past a short last chunk's m blocks too).
 template <int R, int U>
 __device__ __forceinline__ void gemv_q8_load(const int4* const (&wp)[R], const unsigned short* const (&dp)[R], int c0,
-                                             int n_chunks, int tail, int4 (&w)[U][R][2], unsigned short (&dh)[U][R]) {
+                                             int n_blocks, int4 (&w)[U][R][2], unsigned short (&dh)[U][R]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        const int c = c0 + u;
-        const int m = c == n_chunks - 1 ? tail : rigllm::Q8_CHUNK_BLOCKS;
+        const int m = rigllm::q8_chunk_blocks(c0 + u, n_blocks);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            if (c < n_chunks && lane < m) {
+            if (lane < m) {
                 w[u][r][0] = __ldcs(wp[r] + 64 * u);
                 w[u][r][1] = __ldcs(wp[r] + 64 * u + m);
                 dh[u][r] = __ldcs(dp[r] + 32 * u);
@@ -91,8 +90,7 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
     const int warps_per_block = blockDim.x >> 5;
     const int n_units = K >> 4;  // 16-byte units per row
     const int n_blocks = K >> 5;
-    const int n_chunks = (n_blocks + rigllm::Q8_CHUNK_BLOCKS - 1) / rigllm::Q8_CHUNK_BLOCKS;
-    const int tail = n_blocks - rigllm::Q8_CHUNK_BLOCKS * (n_chunks - 1);  // blocks in the last chunk
+    const int n_chunks = rigllm::q8_chunks(n_blocks);
     const long long group_stride = (long long)gridDim.x * warps_per_block;
 
     for (long long group = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); group * R < rows;
@@ -119,7 +117,7 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
 
         int4 next[U][R][2];  // P: the blocks of the coming round, loaded a round ahead
         unsigned short next_d[U][R];
-        if (P) gemv_q8_load<R, U>(wp, dp, 0, n_chunks, tail, next, next_d);
+        if (P) gemv_q8_load<R, U>(wp, dp, 0, n_blocks, next, next_d);
         for (int c0 = 0; c0 < n_chunks; c0 += U) {
             int4 w[U][R][2];
             unsigned short dh[U][R];
@@ -133,18 +131,17 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
                         dh[u][r] = next_d[u][r];
                     }
             } else {
-                gemv_q8_load<R, U>(wp, dp, c0, n_chunks, tail, w, dh);
+                gemv_q8_load<R, U>(wp, dp, c0, n_blocks, w, dh);
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 wp[r] += 64 * U;
                 dp[r] += 32 * U;
             }
-            if (P) gemv_q8_load<R, U>(wp, dp, c0 + U, n_chunks, tail, next, next_d);
+            if (P) gemv_q8_load<R, U>(wp, dp, c0 + U, n_blocks, next, next_d);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
-                const int c = c0 + u;
-                if (c < n_chunks && lane < (c == n_chunks - 1 ? tail : rigllm::Q8_CHUNK_BLOCKS)) {
+                if (lane < rigllm::q8_chunk_blocks(c0 + u, n_blocks)) {
 #pragma unroll
                     for (int t = 0; t < T; ++t) {
                         const int4 x0 = __ldg(xp + t * n_units + 64 * u);

@@ -11,12 +11,21 @@ namespace rigllm {
 
 constexpr int Q8_CHUNK_BLOCKS = 32;  // blocks per chunk (1,024 bytes of a row)
 
+// Chunks in a row of `n_blocks` blocks.
+__device__ __forceinline__ int q8_chunks(int n_blocks) { return (n_blocks + Q8_CHUNK_BLOCKS - 1) / Q8_CHUNK_BLOCKS; }
+
+// m, the blocks in chunk `chunk` of a row of `n_blocks` blocks: 32 but in a short last chunk, and <= 0 past the
+// row's end, so `lane < q8_chunk_blocks(c, n)` says whether lane j has a block j in chunk c.
+__device__ __forceinline__ int q8_chunk_blocks(int chunk, int n_blocks) {
+    return min(Q8_CHUNK_BLOCKS, n_blocks - chunk * Q8_CHUNK_BLOCKS);
+}
+
 // The blocked unit (16-byte index from the row's start) of natural unit `unit` (bytes 16 * unit .. + 15 of the
 // row: half unit % 2 of block unit / 2) in a row of `n_blocks` blocks.
 __device__ __forceinline__ int q8_blocked_unit(int unit, int n_blocks) {
     const int block = unit >> 1;
     const int chunk = block / Q8_CHUNK_BLOCKS;
-    const int m = min(Q8_CHUNK_BLOCKS, n_blocks - chunk * Q8_CHUNK_BLOCKS);
+    const int m = q8_chunk_blocks(chunk, n_blocks);
     return chunk * 2 * Q8_CHUNK_BLOCKS + (block - chunk * Q8_CHUNK_BLOCKS) + m * (unit & 1);
 }
 

@@ -9,10 +9,13 @@
 // gate and up rows start every `in_stride` floats (separate [T][n] buffers: n; one stacked
 // gate+up GEMV output [T][2n]: 2n, with up = gate + n). Output rows are dense: `y` [T][n] fp32
 // and/or Q8_1 `yq` [T][n], `yd` [T][n/32]; either may be null. Grid: enough blocks of any multiple of
-// 32 threads to cover n_rows * n / 32 warps.
+// 32 threads to cover n_rows * n / 32 warps. prefetch, prefetch_bytes: the down projection's leading weight bytes
+// (common.cuh prefetch_l2; null for none), prefetched by blocks of their own: grid (blocks, 1, 1 + extra),
+// common.cuh prefetch_part.
 extern "C" __global__ void swiglu_q8_1(const float* __restrict__ gate, const float* __restrict__ up, int in_stride,
                                        int n, int n_rows, float* __restrict__ y, signed char* __restrict__ yq,
-                                       float* __restrict__ yd) {
+                                       float* __restrict__ yd, const char* prefetch, long long prefetch_bytes) {
+    if (rigllm::prefetch_part(prefetch, prefetch_bytes)) return;
     const int blocks_per_row = n >> 5;
     const long long warp_id = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (warp_id >= (long long)n_rows * blocks_per_row) return;  // whole warps leave together

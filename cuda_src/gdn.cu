@@ -256,6 +256,8 @@ extern "C" __global__ void gdn_conv_silu(const float* __restrict__ mix, long lon
 // thread only, which advances its state at once; the q and k channels of key head kh are read by every block of
 // the Hv/Hk value heads paired with it, so the last of those blocks to finish (counted in the row's key counter,
 // which it resets) advances them. conv_out is not read.
+// All four: prefetch, prefetch_bytes name the out projection's leading weight bytes (common.cuh prefetch_l2; null
+// for none), prefetched by every block once its loads have landed.
 
 // Calls f(j, i, r) for each state row a thread holds: row i of its j-th row group g = ty + j * (16 / GROUPS),
 // r = g + 16 i, in the order every sum of the kernel follows.
@@ -281,7 +283,7 @@ __device__ __forceinline__ void gdn_recurrent_body(
     const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ state, float* y,
     signed char* yq, float* yd, unsigned int* counters, int batch_tokens, int Hk, int Hv, int dk, int dv, float eps,
     float* __restrict__ state_ring, const int* __restrict__ row_slot,
-    const unsigned long long* __restrict__ slot_ptrs) {
+    const unsigned long long* __restrict__ slot_ptrs, const char* prefetch, long long prefetch_bytes) {
     // The fused kernels run one token (their launcher passes 1). Only the narrow one is given the constant: folded,
     // it fits 64 registers there, while in the wide one the schedule it leads to spilled (ptxas, sm_70).
     const int n_tokens = CONV && GROUPS == 1 ? 1 : batch_tokens;
@@ -396,6 +398,13 @@ __device__ __forceinline__ void gdn_recurrent_body(
         for (int g = 0; g < GDN_RECURRENT_ROW_GROUPS; ++g) sk_dot += red[g][tx];
         const float u = sgate[0] * (sv[tx] - sk_dot);
         __syncthreads();  // everyone has read red, sv and sgate
+        // the block's loads have landed (its state is in use): only now its share of the prefetch, which issued with
+        // them slowed the 27B's recurrence by 2 us a layer (7.5 MiB beside 4 MiB of state, H200, s17b); every block
+        // of the grid takes a share
+        if (t == 0)
+            rigllm::prefetch_l2(prefetch, prefetch_bytes,
+                                blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z),
+                                (long long)gridDim.x * gridDim.y * gridDim.z);
 
 #pragma unroll
         for (int j = 0; j < GROUPS; ++j) part[j] = 0.f;
@@ -460,10 +469,12 @@ __device__ __forceinline__ void gdn_recurrent_body(
         const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, const float* __restrict__ norm_w,      \
         float* __restrict__ state, float* y, signed char* yq, float* yd, unsigned int* counters, int n_tokens,    \
         int Hk, int Hv, int dk, int dv, float eps, float* __restrict__ state_ring,                                 \
-        const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs) {                      \
+        const int* __restrict__ row_slot, const unsigned long long* __restrict__ slot_ptrs, const char* prefetch, \
+        long long prefetch_bytes) {                                                                                \
         gdn_recurrent_body<GROUPS, CONV>(conv_out, mix, mix_stride, conv_w, conv_state, z, z_stride, b, b_stride, \
                                          alpha, alpha_stride, ssm_a, dt_bias, norm_w, state, y, yq, yd, counters,  \
-                                         n_tokens, Hk, Hv, dk, dv, eps, state_ring, row_slot, slot_ptrs);         \
+                                         n_tokens, Hk, Hv, dk, dv, eps, state_ring, row_slot, slot_ptrs,          \
+                                         prefetch, prefetch_bytes);                                                \
     }
 
 RIGLLM_GDN_RECURRENT(gdn_recurrent, 1, false)

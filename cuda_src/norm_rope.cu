@@ -35,9 +35,13 @@ __device__ __forceinline__ float rms_inverse(float sum_sq, int n, float eps) {
 // row (the MTP block's concatenated input). Quantising requires n and out_stride to be multiples of
 // 32. Any block size that is a multiple of 32 works; use 1024 for a single row (decode), 256 for many.
 // grid (T, S): S > 1 splits each row's output between S blocks (see the loop), the same bits either way.
+// prefetch, prefetch_bytes: the leading weight bytes of the GEMV that reads the output (common.cuh prefetch_l2;
+// null for none), prefetched by blocks of their own: grid (T, S, 1 + extra), common.cuh prefetch_part.
 extern "C" __global__ void rmsnorm_q8_1(const float* __restrict__ x, int in_stride, const float* __restrict__ w,
                                         int n, float eps, float* __restrict__ y, signed char* __restrict__ xq,
-                                        float* __restrict__ xd, int out_stride) {
+                                        float* __restrict__ xd, int out_stride, const char* prefetch,
+                                        long long prefetch_bytes) {
+    if (rigllm::prefetch_part(prefetch, prefetch_bytes)) return;
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * in_stride;
     const size_t out_row = (size_t)blockIdx.x * out_stride;
@@ -100,6 +104,8 @@ __device__ __forceinline__ float rope_rotate(const float* xs, int d, int rope_di
 // Slot-indexed (row_slot not null, common.cuh; issue 28): token t is the one new token of slot row_slot[t],
 // at that slot's step record, rope positions `positions + 3 * slot` ([slot][3]) and fp16 cache (slot_ptrs
 // entries 0 and 2; unused when staging).
+// prefetch, prefetch_bytes: the output projection's leading weight bytes (common.cuh prefetch_l2; null for none),
+// prefetched by blocks of their own: grid (T * (n_head + n_head_kv), 1, 1 + extra), common.cuh prefetch_part.
 extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride,
                                      const float* __restrict__ k, int k_stride,
                                      const float* __restrict__ v, int v_stride,
@@ -109,7 +115,9 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qg, int qg_stride
                                      const unsigned long long* __restrict__ slot_ptrs, float* __restrict__ q_out,
                                      __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                                      int n_head, int n_head_kv, int rope_dims, int sec_h, int sec_w,
-                                     int capacity, float eps, int stage_rows) {
+                                     int capacity, float eps, int stage_rows, const char* prefetch,
+                                     long long prefetch_bytes) {
+    if (rigllm::prefetch_part(prefetch, prefetch_bytes)) return;
     __shared__ float scratch[32];
     __shared__ float xs[1024];
     const int head_dim = blockDim.x;

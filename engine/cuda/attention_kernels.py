@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, KVSide
+from engine.cuda.l2_prefetch import NO_PREFETCH, L2Prefetch, grid_with_prefetch_blocks
 from engine.cuda.slot_batch import KV_SLOT_PTRS, SlotRows, slot_args
 from engine.errors import RigllmError
 from engine.model.kv_formats import CUDA_KERNEL_FORMATS, FP16, KVFormat
@@ -129,15 +130,16 @@ def attn_prep(card: CudaCard, dims: AttnDims, qg: DeviceBuffer, qg_stride: int, 
               v: DeviceBuffer, v_stride: int, q_norm: DeviceBuffer, k_norm: DeviceBuffer, rope: RopeArgs,
               positions: DeviceBuffer | None, step: DeviceBuffer, q_out: DeviceBuffer, k_dst: DeviceBuffer | None,
               v_dst: DeviceBuffer | None, n_tokens: int, capacity: int, eps: float, stage_rows: int = 0,
-              slots: SlotRows | None = None) -> None:
+              slots: SlotRows | None = None, prefetch: L2Prefetch = NO_PREFETCH) -> None:
     """q/k RMSNorm + RoPE; q → q_out, K and V as fp16 into the cache at rows pos.. (k_dst/v_dst = the fp16
     cache) or, with stage_rows > 0, into staging rows 0.. for `kv_encode` (k_dst/v_dst = staging).
-    Slot-indexed, `positions` is every slot's [slot][3] rope positions and k_dst/v_dst are None unless staging."""
+    Slot-indexed, `positions` is every slot's [slot][3] rope positions and k_dst/v_dst are None unless staging.
+    `prefetch`: the output projection's leading weight bytes (engine.cuda.l2_prefetch)."""
     card.kernel("attn_prep").launch(
-        n_tokens * (dims.n_head + dims.n_head_kv), dims.head_dim, qg, np.int32(qg_stride), k, np.int32(k_stride),
+        grid_with_prefetch_blocks(card, n_tokens * (dims.n_head + dims.n_head_kv), prefetch), dims.head_dim, qg, np.int32(qg_stride), k, np.int32(k_stride),
         v, np.int32(v_stride), q_norm, k_norm, rope.inv_freq, positions, step, *slot_args(slots), q_out, k_dst, v_dst,
         np.int32(dims.n_head), np.int32(dims.n_head_kv), np.int32(rope.rope_dims), np.int32(rope.sec_h),
-        np.int32(rope.sec_w), np.int32(capacity), np.float32(eps), np.int32(stage_rows),
+        np.int32(rope.sec_w), np.int32(capacity), np.float32(eps), np.int32(stage_rows), *prefetch.args(),
     )
 
 

@@ -46,6 +46,7 @@ from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
 from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activations, quantize_q8_1
+from engine.cuda.l2_prefetch import before_gemv, grid_with_prefetch_blocks
 from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.norm import norm_shape, rmsnorm_q8_1
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
@@ -122,11 +123,14 @@ class ForwardPass:
     def _segment(self, w: Weight, index: int, n: int) -> DeviceBuffer:
         return w.segment_view(self.proj, index, n)
 
-    def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, y: DeviceBuffer | None = None) -> None:
-        """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given)."""
+    def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, then: Weight | None,
+              y: DeviceBuffer | None = None) -> None:
+        """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given), for the matmul by `then`
+        (whose leading bytes it prefetches into L2; None when no matmul reads `out`)."""
         d = self.cfg.d_model
         grid, threads = norm_shape(n)
-        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y)
+        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y,
+                     prefetch=before_gemv(self.card, then, n))
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size
@@ -153,7 +157,7 @@ class ForwardPass:
             return
         x = self.q8[cfg.d_model]
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
-        self._norm(last, self.w.output_norm, x, 1)
+        self._norm(last, self.w.output_norm, x, 1, self.w.lm_head)
         matmul(self.card, self.w.lm_head, x, self.logits, 1)
 
     def run_verify(self, n: int, seq: DeviceSequence, rings: dict[int, GdnRing], hidden: DeviceBuffer | None) -> None:
@@ -173,7 +177,7 @@ class ForwardPass:
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
-        self._norm(self.h, self.w.output_norm, x, n, y=hidden)
+        self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head, y=hidden)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
     def run_block(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
@@ -196,7 +200,7 @@ class ForwardPass:
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
-        self._norm(self.h, self.w.output_norm, x, n)
+        self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
     def _layers(self, n: int, owner: DeviceSequence | SlotBatch, positions: DeviceBuffer | None,
@@ -214,7 +218,8 @@ class ForwardPass:
         slot batch whose row b is one token of its own slot's sequence."""
         x = self.q8[self.cfg.d_model]
         traced = self._traced_rows()
-        self._norm(self.h, layer.mixer.attn_norm, x, n, y=traced)
+        mixer_in = layer.mixer.in_proj if isinstance(layer.mixer, GdnWeights) else layer.mixer.qkv
+        self._norm(self.h, layer.mixer.attn_norm, x, n, mixer_in, y=traced)
         self._record(i, "norm", traced, n)
         if isinstance(layer.mixer, GdnWeights):
             self._gdn(i, layer.mixer, x, n, owner)
@@ -222,14 +227,15 @@ class ForwardPass:
             self._attention(i, layer.mixer, x, n, owner, positions)
         self._record(i, "mixer", self.h, n)
         f = layer.ffn
-        self._norm(self.h, f.post_attention_norm, x, n)
+        self._norm(self.h, f.post_attention_norm, x, n, f.gate_up)
         self._matmul(f.gate_up, x, self.proj, n)
         xf = self.q8[self.cfg.d_ff]
         warps = n * self.cfg.d_ff // 32
+        prefetch = before_gemv(self.card, f.down, n)
         self.card.kernel("swiglu_q8_1").launch(
-            -(-warps * 32 // SWIGLU_THREADS), SWIGLU_THREADS,
+            grid_with_prefetch_blocks(self.card, -(-warps * 32 // SWIGLU_THREADS), prefetch), SWIGLU_THREADS,
             self._segment(f.gate_up, 0, n), self._segment(f.gate_up, 1, n), np.int32(self.cfg.d_ff),
-            np.int32(self.cfg.d_ff), np.int32(n), None, xf.xq, xf.xd,
+            np.int32(self.cfg.d_ff), np.int32(n), None, xf.xq, xf.xd, *prefetch.args(),
         )
         self._matmul(f.down, xf, self.h, n, residual=self.h)
         self._record(i, "ffn", self.h, n)
@@ -258,7 +264,8 @@ class ForwardPass:
         fused_q8 = c.ssm_d_head_v % 32 == 0  # the fused Q8_1 output needs whole 32-blocks per head
         state, slots = (None, owner.rows(i)) if isinstance(owner, SlotBatch) else (owner.gdn[i], None)
         gdn_mixer(self.card, self.gdn_dims, w, state, inputs, self.conv_out, self.gdn_y, self.head_done, n, c.rms_eps,
-                  y_q8=y if fused_q8 else None, ring=self._rings[i] if self._rings is not None else None, slots=slots)
+                  y_q8=y if fused_q8 else None, ring=self._rings[i] if self._rings is not None else None, slots=slots,
+                  prefetch=before_gemv(self.card, w.out_proj, n))
         if not fused_q8:
             quantize_q8_1(self.card, self.gdn_y, y, n)
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
@@ -291,7 +298,7 @@ class ForwardPass:
         k_dst, v_dst = (self.stage_k, self.stage_v) if quantised else (cache.k.codes, cache.v.codes)
         attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, positions,
                   seq.step, self.q_out, k_dst, v_dst, n, seq.capacity, c.rms_eps,
-                  stage_rows=self.max_tokens if quantised else 0)
+                  stage_rows=self.max_tokens if quantised else 0, prefetch=before_gemv(card, w.out_proj, n))
         sparse = layer is not None and self.sparse is not None and self.sparse.applies(layer, seq.next_position, n)
         few = n <= MAX_GEMV_TOKENS and not sparse  # decode kernels, a token each: see _attention_splits
         splits = self._attention_splits(n, few, seq.capacity if self._anywhere else seq.next_position + n)
@@ -328,7 +335,8 @@ class ForwardPass:
         stage = (self.stage_k, self.stage_v) if quantised else (None, None)
         attn_prep(card, dims, qg, 2 * c.q_dim, k, c.kv_dim, v, c.kv_dim, w.q_norm, w.k_norm, self.rope, batch.rope,
                   batch.steps, self.q_out, *stage, n, like.capacity, c.rms_eps,
-                  stage_rows=self.max_tokens if quantised else 0, slots=slots)
+                  stage_rows=self.max_tokens if quantised else 0, slots=slots,
+                  prefetch=before_gemv(card, w.out_proj, n))
         splits = self._attention_splits(n, True, like.capacity)
         if not quantised:
             attn_decode_f16(card, dims, self.q_out, None, None, batch.steps, self.parts, like.capacity, splits, n,

@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
 from engine.cuda.gemv import Q8Activations
+from engine.cuda.l2_prefetch import NO_PREFETCH, L2Prefetch
 from engine.cuda.q8_layout import QK
 from engine.cuda.sequence import GdnState
 from engine.cuda.slot_batch import SlotRows, slot_args
@@ -250,11 +251,12 @@ def gdn_recurrent(
     card: CudaCard, dims: GdnDims, weights: GdnConstants, state: GdnState | None, conv_out: DeviceBuffer | None,
     inputs: GdnInputs, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, stream: Stream | None = None, ring: GdnRing | None = None,
-    slots: SlotRows | None = None,
+    slots: SlotRows | None = None, prefetch: L2Prefetch = NO_PREFETCH,
 ) -> None:
     """Token-by-token delta rule + gated norm (rms eps `eps`): y [T][Cv] (and its Q8_1 copy); the recurrent
     state advances (and `ring` gets the states after the first T-1 tokens). With `slots` row t is the one
-    new token of its slot's sequence (its own state; `counters` then holds T sets of counters).
+    new token of its slot's sequence (its own state; `counters` then holds T sets of counters). `prefetch`: the
+    out projection's leading weight bytes (engine.cuda.l2_prefetch).
 
     `conv_out` None: the kernel also does the conv + SiLU of the rows' tokens from `inputs.mix` and advances the
     conv state, as gdn_conv_silu would (gdn_recurrent_conv, same bits, one launch instead of two): for one token
@@ -283,7 +285,7 @@ def gdn_recurrent(
         np.int64(inputs.alpha.stride), weights.ssm_a, weights.dt_bias, weights.ssm_norm,
         state.recurrent if state else None, y, yq, yd, counters, np.int32(1 if slots is not None else n_tokens),
         np.int32(dims.n_k_heads), np.int32(dims.n_v_heads), np.int32(dims.d_k), np.int32(dims.d_v), np.float32(eps),
-        ring.recurrent if ring is not None else None, *slot_args(slots), stream=stream,
+        ring.recurrent if ring is not None else None, *slot_args(slots), *prefetch.args(), stream=stream,
     )
 
 
@@ -328,6 +330,7 @@ def gdn_mixer(
     conv_out: DeviceBuffer, y: DeviceBuffer, counters: DeviceBuffer, n_tokens: int, eps: float,
     y_q8: Q8Activations | None = None, recurrent: bool | None = None, stream: Stream | None = None,
     ring: GdnRing | None = None, slots: SlotRows | None = None, fuse_conv: bool = True,
+    prefetch: L2Prefetch = NO_PREFETCH,
 ) -> None:
     """Spec §6.7 steps 2-8 for a batch, continuing `state`: conv, delta rule, gated norm into y [T][Cv]
     (and its Q8_1 copy, the ssm_out GEMV's input). `eps` is the model's rms_eps.
@@ -337,18 +340,20 @@ def gdn_mixer(
     verify) keeps the per-token states and needs the recurrent form, as do `slots` (a slot-indexed step:
     each row continues its own slot's state instead of `state`). One token per row without a ring (a decode
     token, slot rows) takes one launch, the recurrent kernel doing the conv too, unless `fuse_conv` is False
-    (the tests' two-launch baseline: the same bits).
+    (the tests' two-launch baseline: the same bits). `prefetch` goes to the recurrent kernel (the chunked form
+    runs for prefill chunks, which do not prefetch).
     """
     use_recurrent = n_tokens <= RECURRENT_MAX_TOKENS if recurrent is None else recurrent
     if (ring is not None or slots is not None) and not use_recurrent:
         raise ValueError("per-token states (a GDN ring) and slot-indexed rows need the recurrent form")
     if use_recurrent and fuse_conv and ring is None and (slots is not None or n_tokens == 1):
-        gdn_recurrent(card, dims, weights, state, None, inputs, y, counters, n_tokens, eps, y_q8, stream, None, slots)
+        gdn_recurrent(card, dims, weights, state, None, inputs, y, counters, n_tokens, eps, y_q8, stream, None, slots,
+                      prefetch)
         return
     gdn_conv_silu(card, dims, weights, state, inputs.mix, conv_out, n_tokens, stream, ring, slots)
     if use_recurrent:
         gdn_recurrent(card, dims, weights, state, conv_out, inputs, y, counters, n_tokens, eps, y_q8, stream, ring,
-                      slots)
+                      slots, prefetch)
     else:
         gdn_chunk_prefill(card, dims, weights, state, conv_out, inputs, y, n_tokens, stream)
         gdn_gated_norm(card, dims, weights, y, inputs.z, y, n_tokens, eps, y_q8, stream)

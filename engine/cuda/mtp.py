@@ -127,12 +127,12 @@ class MtpHead:
         if logits_row is None:
             return
         x = fwd.q8[d]
-        fwd._norm(fwd.h.view(F32 * (n - 1) * d, F32 * d), self.w.head_norm, x, 1, y=self.out)
+        fwd._norm(fwd.h.view(F32 * (n - 1) * d, F32 * d), self.w.head_norm, x, 1, fwd.w.lm_head, y=self.out)
         matmul(self.card, fwd.w.lm_head, x, self.logits_row(logits_row), 1)
 
     def norm_trunk_rows(self, first: int, n: int) -> None:
         """The trunk's final norm of the n rows in the forward pass's `h` → `rows_in` rows [first, first + n)
         (fp32): a prefill chunk's or a plain step's rows for the head (those passes keep only the Q8_1 form)."""
         d = self.cfg.d_model
-        self.fwd._norm(self.fwd.h, self.fwd.w.output_norm, self.fwd.q8[d], n,
+        self.fwd._norm(self.fwd.h, self.fwd.w.output_norm, self.fwd.q8[d], n, None,
                        y=self.rows_in.view(F32 * first * d, F32 * n * d))

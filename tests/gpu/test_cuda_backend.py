@@ -31,6 +31,7 @@ from engine.fixtures.synthetic import write_random_model
 from engine.fixtures.synthetic_vocab import QWEN35_VOCAB_SIZE
 from engine.reference.activation_rounding import ActivationRounding
 from engine.reference.model import ReferenceModel
+from tests.gpu.gpu_fixtures import assert_equal
 
 FLOOR_FACTOR = 2.0
 # Embedding perturbations that stand for "numerically the same computation": fp32 sums over K = 64..12288
@@ -177,6 +178,35 @@ def test_graph_decode_equals_eager_decode(models):
         assert graphed == [first] + eager
     finally:
         gpu.close()
+
+
+def test_the_l2_prefetch_changes_no_logit_bit(models, monkeypatch):
+    """The decode step's L2 prefetches (engine/cuda/l2_prefetch.py) are hints: one-token steps of the 0.8b shape,
+    whose matrices are larger than a prefetch, give the same logits bit for bit with them and without."""
+    import engine.cuda.forward as forward_module
+    from engine.cuda.l2_prefetch import L2_SHARE, NO_PREFETCH, before_gemv
+
+    loaded = models["0.8b"]
+    tokens = np.random.default_rng(12).integers(0, loaded.config.vocab_size, 24).tolist()
+    sizes: list[tuple[int, int]] = []  # (bytes prefetched, the cap)
+
+    def counted(card, w, n):
+        sizes.append((before_gemv(card, w, n).nbytes, card.l2_bytes // L2_SHARE))
+        return before_gemv(card, w, n)
+
+    def decode_logits() -> np.ndarray:
+        gpu = CudaBackend(loaded, context=256, chunk=64)
+        try:
+            seq = gpu.new_sequence()
+            return np.stack([gpu.forward_last([t], seq) for t in tokens])
+        finally:
+            gpu.close()
+
+    monkeypatch.setattr(forward_module, "before_gemv", counted)
+    prefetched = decode_logits()
+    assert sizes and all(n > 0 for n, _ in sizes) and any(n == cap for n, cap in sizes)  # some matrix exceeds it
+    monkeypatch.setattr(forward_module, "before_gemv", lambda card, w, n: NO_PREFETCH)
+    assert_equal(prefetched, decode_logits(), "decode logits with the L2 prefetch vs without")
 
 
 def test_many_prompts_of_random_length_run_clean(models):

@@ -28,7 +28,7 @@ def run_swiglu(card, stacked: np.ndarray, n: int, up_col: int, threads: int, fp3
     warps = n_rows * n // 32
     card.kernel("swiglu_q8_1").launch(
         -(-warps * 32 // threads), threads, src, src.view(up_col * F32, src.nbytes - up_col * F32), np.int32(stride),
-        np.int32(n), np.int32(n_rows), y, yq, yd,
+        np.int32(n), np.int32(n_rows), y, yq, yd, None, np.int64(0),
     )
     out = {}
     if fp32_out:

@@ -52,7 +52,7 @@ def run_rmsnorm(card, x: np.ndarray, w: np.ndarray, threads: int, fp32_out: bool
     xd = card.alloc(n_rows * n // 32 * F32, "test xd") if quantize else None
     card.kernel("rmsnorm_q8_1").launch(
         (n_rows, slices), threads, x_dev, np.int32(n), card.upload(w, "test w"), np.int32(n), np.float32(EPS), y, xq, xd,
-        np.int32(n),
+        np.int32(n), None, np.int64(0),
     )
     out = {"x": x_dev.download(np.float32, x.shape)}
     if fp32_out:
@@ -113,7 +113,7 @@ def test_rmsnorm_fills_halves_of_a_wider_row(card, rng):
         card.kernel("rmsnorm_q8_1").launch(
             n_rows, 128, card.upload(x, "test x"), np.int32(n + pad), card.upload(w, "test w"), np.int32(n),
             np.float32(EPS), y.view(half * n * F32, y.nbytes - half * n * F32), xq.view(half * n, xq.nbytes - half * n),
-            xd.view(half * n // 32 * F32, xd.nbytes - half * n // 32 * F32), np.int32(2 * n),
+            xd.view(half * n // 32 * F32, xd.nbytes - half * n // 32 * F32), np.int32(2 * n), None, np.int64(0),
         )
     got = y.download(np.float32, (n_rows, 2 * n))
     want = np.concatenate([rmsnorm(x[:, :n], w, EPS) for x, w in zip(parts, gains)], axis=1)

@@ -112,6 +112,7 @@ class FakeCard:
         self.name = name or f"fake:{index}"
         self.device_name = "fake GPU"
         self.sm_count, self.arch, self.total_bytes = 132, 90, 80 << 30
+        self.l2_bytes = 60 << 20  # the H200's
         self.stream = _Sync()
         self.launches: list[tuple[str, Any, Any, int]] = []
         self.graphs: list[FakeGraph] = []

@@ -1,4 +1,4 @@
-"""Which weight bytes a latency-bound decode kernel prefetches into L2 for the GEMV after it (common.cuh prefetch_l2).
+"""Which weight bytes a latency-bound decode kernel prefetches into L2 for the Q8_0 GEMV after it (common.cuh).
 
 A decode step alternates weight-streaming GEMVs with short kernels that barely touch HBM: the RMSNorms, SwiGLU, the
 GDN recurrence, attention prep. Each GEMV then starts cold and pays a memory round trip before its data flows. The
@@ -12,6 +12,12 @@ Q8_0 GEMV, against the same pair without the prefetch:
 - 32 MiB: slower than none for the three shapes tried (the window kernel itself then runs 2.5-3 us longer).
 Hence an eighth of L2 (7.5 MiB on the H200). On a CMP 100-210 (6 MiB of L2) that is 0.75 MiB; not measured there.
 
+In the whole decode step (s17c, `run_h200_session.sh ab`, two runs each against the tree without it): the 9B Q8_0 step
+2,837 / 2,835 us against 2,904 / 2,906, the 27B 8,008 / 8,007 against 8,287 / 8,286. The short kernels themselves
+run 0.5-1 us longer each; the GEMVs after them gain more. Timed alone (the bench's per-kernel parts) a GEMV shows
+none of it: it is the pair that gains.
+Only Q8_0 matrices are prefetched: before K-quant GEMVs, which the H200 runs bound by instruction issue rather than
+by bytes, the same prefetch made the 9B Q4_K_M step slower (2,265 / 2,270 us against 2,256 / 2,255, s17d).
 Only GEMV-sized batches prefetch: a prefill chunk's GEMMs are bound by arithmetic, not by their first loads.
 """
 
@@ -42,18 +48,16 @@ class L2Prefetch:
 NO_PREFETCH = L2Prefetch()
 
 
-def leading_buffer(w: Weight) -> DeviceBuffer:
-    """The buffer a GEMV of `w` reads first: its first run's payload (Q8_0 values, or the K-quant blocks)."""
+def leading_q8_buffer(w: Weight) -> DeviceBuffer | None:
+    """The Q8_0 values a GEMV of `w` reads first (its first run's), or None when that run is a K-quant matrix."""
     first = w.runs[0] if isinstance(w, MixedWeight) else w
-    return first.qs if isinstance(first, Q8Weight) else first.data
+    return first.qs if isinstance(first, Q8Weight) else None
 
 
 def before_gemv(card: CudaCard, w: Weight | None, n_tokens: int) -> L2Prefetch:
     """What a kernel prefetches when the next matmul multiplies n_tokens rows by `w` (None: no matmul follows)."""
-    if w is None or n_tokens > MAX_GEMV_TOKENS:
-        return NO_PREFETCH
-    buf = leading_buffer(w)
-    return L2Prefetch(buf, min(buf.nbytes, card.l2_bytes // L2_SHARE))
+    buf = leading_q8_buffer(w) if w is not None and n_tokens <= MAX_GEMV_TOKENS else None
+    return NO_PREFETCH if buf is None else L2Prefetch(buf, min(buf.nbytes, card.l2_bytes // L2_SHARE))
 
 
 def grid_with_prefetch_blocks(card: CudaCard, grid: int | tuple[int, int], prefetch: L2Prefetch

@@ -249,11 +249,12 @@ def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
         dec.begin(slot, greedy)
     card.launches.clear()
     dec.prefill_slot(2, list(range(16)))
-    assert {(grid, block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
+    # the norm's own grid (a decode-sized one adds z layers of L2-prefetching blocks: engine/cuda/l2_prefetch.py)
+    assert {(grid[:2], block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
         ((16, 1), NORM_THREADS_BATCH), ((1, NORM_SLICES_DECODE), NORM_THREADS_DECODE)}  # the layers; the last row's head norm
     card.launches.clear()
     dec.step({0: 1, 1: 2})
-    assert {(grid, block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
+    assert {(grid[:2], block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
         ((2, NORM_SLICES_DECODE), NORM_THREADS_DECODE)}
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Weight
 from engine.cuda.kq_weight import KQWeight
-from engine.cuda.l2_prefetch import L2_SHARE, NO_PREFETCH, before_gemv, grid_with_prefetch_blocks, leading_buffer
+from engine.cuda.l2_prefetch import L2_SHARE, NO_PREFETCH, before_gemv, grid_with_prefetch_blocks, leading_q8_buffer
 from engine.cuda.matmul import MixedWeight
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import GdnWeights, upload_weights
@@ -49,13 +49,15 @@ def test_prefill_chunks_and_a_missing_matmul_prefetch_nothing():
     assert NO_PREFETCH.args() == (None, np.int64(0))
 
 
-def test_the_leading_buffer_is_the_first_runs_payload():
+def test_only_a_weight_whose_first_run_is_q8_0_is_prefetched():
     card = FakeCard()
     kq = KQWeight(data=card.alloc(144 * 16, "kq"), qtype=GGMLQuantizationType.Q4_K, rows=16, k=256, segments=(16,))
     first = q8(card, 32, 256)
-    assert leading_buffer(kq) is kq.data
-    assert leading_buffer(MixedWeight((first, kq))) is first.qs
-    assert leading_buffer(MixedWeight((kq, first))) is kq.data
+    assert leading_q8_buffer(MixedWeight((first, kq))) is first.qs
+    assert before_gemv(card, MixedWeight((first, kq)), 1).buf is first.qs
+    for k_quant_first in (kq, MixedWeight((kq, first))):
+        assert leading_q8_buffer(k_quant_first) is None
+        assert before_gemv(card, k_quant_first, 1) == NO_PREFETCH
 
 
 def test_small_grids_gain_prefetching_layers_that_reach_every_sm():
@@ -105,8 +107,8 @@ def test_every_short_kernel_of_a_decode_step_prefetches_the_next_matmuls_weight(
         assert len(launches) == len(expected[name]) > 0, name
         for (grid, args), weight in zip(launches, expected[name]):
             assert len(args) == entry_parameter_count(name), name
-            assert args[-2] is leading_buffer(weight), name
-            assert args[-1] == min(leading_buffer(weight).nbytes, card.l2_bytes // L2_SHARE), name
+            assert args[-2] is leading_q8_buffer(weight), name
+            assert args[-1] == min(leading_q8_buffer(weight).nbytes, card.l2_bytes // L2_SHARE), name
             if name in OWN_PREFETCH_BLOCKS:
                 gx, gy, gz = grid if isinstance(grid, tuple) and len(grid) == 3 else (0, 0, 0)
                 assert (gz - 1) * gx * gy >= card.sm_count, (name, grid)
@@ -121,4 +123,4 @@ def test_a_prefill_chunk_prefetches_nothing_but_the_head_after_its_last_row(demo
                 if kernel in ("rmsnorm_q8_1", "swiglu_q8_1", "attn_prep", "gdn_recurrent", "gdn_recurrent_conv")]
     *chunk, head_norm = launches
     assert chunk and all(args[-2] is None and args[-1] == 0 for _, args in chunk)
-    assert head_norm[0] == "rmsnorm_q8_1" and head_norm[1][-2] is leading_buffer(dec.fwd.w.lm_head)
+    assert head_norm[0] == "rmsnorm_q8_1" and head_norm[1][-2] is leading_q8_buffer(dec.fwd.w.lm_head)

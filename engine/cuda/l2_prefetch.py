@@ -16,8 +16,8 @@ In the whole decode step (s17c, `run_h200_session.sh ab`, two runs each against 
 2,837 / 2,835 us against 2,904 / 2,906, the 27B 8,008 / 8,007 against 8,287 / 8,286. The short kernels themselves
 run 0.5-1 us longer each; the GEMVs after them gain more. Timed alone (the bench's per-kernel parts) a GEMV shows
 none of it: it is the pair that gains.
-Only Q8_0 matrices are prefetched: before K-quant GEMVs, which the H200 runs bound by instruction issue rather than
-by bytes, the same prefetch made the 9B Q4_K_M step slower (2,265 / 2,270 us against 2,256 / 2,255, s17d).
+Only Q8_0 matrices are prefetched: before the K-quant GEMVs, which the H200 runs bound by instruction issue rather
+than by bytes, it bought nothing (the 9B Q4_K_M step 2,265 / 2,270 us with it, s17d; 2,264 without, s17e).
 Only GEMV-sized batches prefetch: a prefill chunk's GEMMs are bound by arithmetic, not by their first loads.
 """
 

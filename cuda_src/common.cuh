@@ -114,9 +114,10 @@ __device__ __forceinline__ float biased_dot_to_float(int biased) {
 // Prefetches into L2 block `part` of `parts`'s share of the 128-byte lines of [p, p + bytes). The decode step's short
 // kernels (norms, SwiGLU, the GDN recurrence, attention prep) leave HBM idle for microseconds each; they prefetch the
 // leading bytes of the weight the next GEMV reads, so that GEMV's first loads hit L2 (engine/cuda/l2_prefetch.py).
-// A prefetch fills no register and no instruction waits on it, but an SM issues only so many lines per microsecond
-// and a block seems to leave only once its lines have arrived: 7.5 MiB from the 8 blocks of a decode RMSNorm made it
-// 4.8 us longer (H200, s17b), so kernels with small grids give the prefetch blocks of its own (prefetch_part below).
+// A prefetch fills no register and no instruction waits on it, yet 7.5 MiB issued by the 8 blocks of a decode RMSNorm
+// made it 4.8 us longer (H200, s17b: an SM issues only so many lines a microsecond, or a block leaves only once its
+// lines have arrived; not separated), so kernels with small grids give the prefetch blocks of its own
+// (prefetch_part below), one or more on every SM.
 // p null or bytes 0: nothing.
 __device__ __forceinline__ void prefetch_l2(const char* p, long long bytes, long long part, long long parts) {
     if (p == nullptr) return;

@@ -135,8 +135,9 @@ def attn_prep(card: CudaCard, dims: AttnDims, qg: DeviceBuffer, qg_stride: int, 
     cache) or, with stage_rows > 0, into staging rows 0.. for `kv_encode` (k_dst/v_dst = staging).
     Slot-indexed, `positions` is every slot's [slot][3] rope positions and k_dst/v_dst are None unless staging.
     `prefetch`: the output projection's leading weight bytes (engine.cuda.l2_prefetch)."""
+    grid = grid_with_prefetch_blocks(card, n_tokens * (dims.n_head + dims.n_head_kv), prefetch)
     card.kernel("attn_prep").launch(
-        grid_with_prefetch_blocks(card, n_tokens * (dims.n_head + dims.n_head_kv), prefetch), dims.head_dim, qg, np.int32(qg_stride), k, np.int32(k_stride),
+        grid, dims.head_dim, qg, np.int32(qg_stride), k, np.int32(k_stride),
         v, np.int32(v_stride), q_norm, k_norm, rope.inv_freq, positions, step, *slot_args(slots), q_out, k_dst, v_dst,
         np.int32(dims.n_head), np.int32(dims.n_head_kv), np.int32(rope.rope_dims), np.int32(rope.sec_h),
         np.int32(rope.sec_w), np.int32(capacity), np.float32(eps), np.int32(stage_rows), *prefetch.args(),

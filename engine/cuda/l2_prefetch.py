@@ -15,7 +15,9 @@ Hence an eighth of L2 (7.5 MiB on the H200). On a CMP 100-210 (6 MiB of L2) that
 In the whole decode step (s17c, `run_h200_session.sh ab`, two runs each against the tree without it): the 9B Q8_0 step
 2,837 / 2,835 us against 2,904 / 2,906, the 27B 8,008 / 8,007 against 8,287 / 8,286. The short kernels themselves
 run 0.5-1 us longer each; the GEMVs after them gain more. Timed alone (the bench's per-kernel parts) a GEMV shows
-none of it: it is the pair that gains.
+none of it: it is the pair that gains. Without the norms' prefetches the 9B step read 2,869 us twice (s17f): the norms
+and the other kernels each give about half. s15 had tried a prefix of every row of the next in-projection, gate+up
+and LM head only, from extra norm blocks or a forked stream, and gained nothing (README, Benchmarks).
 Only Q8_0 matrices are prefetched: before the K-quant GEMVs, which the H200 runs bound by instruction issue rather
 than by bytes, it bought nothing (the 9B Q4_K_M step 2,265 / 2,270 us with it, s17d; 2,264 without, s17e).
 Only GEMV-sized batches prefetch: a prefill chunk's GEMMs are bound by arithmetic, not by their first loads.

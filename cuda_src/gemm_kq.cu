@@ -102,13 +102,56 @@ __device__ __forceinline__ void kq_store_stage(KqGemmSmem& sm, const KqStageRegs
     sm.xs[slot][line % GEMM_LANES][line / GEMM_LANES] = st.xs;
 }
 
-// STAGES: one staged tile or two in turn (the _db kernels), as gemm_q8.cu's gemm_body; the same bits either way.
+// The staged tile's GEMM_BK / 32 blocks into the thread's 4 x 4 accumulators.
+template <int TYPE>
+__device__ __forceinline__ void kq_gemm_tile(const KqGemmSmem& sm, int tr, int tt, float (&acc)[4][4]) {
+    using Q = rigllm::KQuant<TYPE>;
+    constexpr int HALVES = Q::HAS_MIN ? 1 : 2;  // integer sums kept per 16-value half (Q6_K) or per block
+#pragma unroll 1
+    for (int blk = 0; blk < GEMM_BK / 32; ++blk) {
+        int isum[HALVES][4][4];
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) isum[h][i][j] = rigllm::DOT_FLOAT_BIAS;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+            rigllm::gemm_half_products(sm.wq, sm.xq, tr, tt, blk * 32 + half * 16, isum[HALVES == 2 ? half : 0]);
+        const float4 xs4 = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
+        const float xv[4] = {xs4.x, xs4.y, xs4.z, xs4.w};
+        float ws[HALVES][4];
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+            const float4 w4 = *reinterpret_cast<const float4*>(sm.ws[blk][h][tr]);
+            ws[h][0] = w4.x, ws[h][1] = w4.y, ws[h][2] = w4.z, ws[h][3] = w4.w;
+        }
+        float wm[4] = {0.0f, 0.0f, 0.0f, 0.0f}, xsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (Q::HAS_MIN) {
+            const float4 m4 = *reinterpret_cast<const float4*>(sm.wm[blk][tr]);
+            const float4 s4 = *reinterpret_cast<const float4*>(sm.xsum[blk][tt]);
+            wm[0] = m4.x, wm[1] = m4.y, wm[2] = m4.z, wm[3] = m4.w;
+            xsum[0] = s4.x, xsum[1] = s4.y, xsum[2] = s4.z, xsum[3] = s4.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float v = ws[0][i] * rigllm::biased_dot_to_float(isum[0][i][j]);
+                if (HALVES == 2) v = fmaf(ws[HALVES - 1][i], rigllm::biased_dot_to_float(isum[HALVES - 1][i][j]), v);
+                if (Q::HAS_MIN) v = fmaf(-wm[i], xsum[j], v);
+                acc[i][j] = fmaf(xv[j], v, acc[i][j]);
+            }
+    }
+}
+
+// STAGES: one staged tile or two in turn (the _db kernels), as gemm_q8.cu's gemm_body; gemm_tile.cuh's gemm_staged_k
+// runs the stages.
 template <int TYPE, int STAGES>
 __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
                                              const float* __restrict__ xd, float* y, const float* residual, int rows,
                                              int K, int end0, int end1, int end2, int T) {
-    using Q = rigllm::KQuant<TYPE>;
-    constexpr int HALVES = Q::HAS_MIN ? 1 : 2;  // integer sums kept per 16-value half (Q6_K) or per block
     __shared__ __align__(16) KqGemmSmem tiles[STAGES];
 
     const int tid = threadIdx.x;
@@ -118,70 +161,11 @@ __device__ __forceinline__ void gemm_kq_body(const unsigned char* __restrict__ w
     const int r0 = blockIdx.y * GEMM_BR;
 
     float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-
     KqStageRegs st;
-    kq_load_stage<TYPE>(st, w, xq, xd, r0, rows, t0, T, K, 0);
-    if (STAGES == 2) {
-        kq_store_stage<TYPE>(tiles[0], st, 0);
-        __syncthreads();
-    }
-    int cur = 0;
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        const bool more = k0 + GEMM_BK < K;
-        if (STAGES == 1) {
-            kq_store_stage<TYPE>(tiles[0], st, k0);
-            __syncthreads();
-        }
-        if (more) kq_load_stage<TYPE>(st, w, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
-        const KqGemmSmem& sm = tiles[cur];
-
-#pragma unroll 1
-        for (int blk = 0; blk < GEMM_BK / 32; ++blk) {
-            int isum[HALVES][4][4];
-#pragma unroll
-            for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) isum[h][i][j] = rigllm::DOT_FLOAT_BIAS;
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                rigllm::gemm_half_products(sm.wq, sm.xq, tr, tt, blk * 32 + half * 16, isum[HALVES == 2 ? half : 0]);
-            const float4 xs4 = *reinterpret_cast<const float4*>(sm.xs[blk][tt]);
-            const float xv[4] = {xs4.x, xs4.y, xs4.z, xs4.w};
-            float ws[HALVES][4];
-#pragma unroll
-            for (int h = 0; h < HALVES; ++h) {
-                const float4 w4 = *reinterpret_cast<const float4*>(sm.ws[blk][h][tr]);
-                ws[h][0] = w4.x, ws[h][1] = w4.y, ws[h][2] = w4.z, ws[h][3] = w4.w;
-            }
-            float wm[4] = {0.0f, 0.0f, 0.0f, 0.0f}, xsum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (Q::HAS_MIN) {
-                const float4 m4 = *reinterpret_cast<const float4*>(sm.wm[blk][tr]);
-                const float4 s4 = *reinterpret_cast<const float4*>(sm.xsum[blk][tt]);
-                wm[0] = m4.x, wm[1] = m4.y, wm[2] = m4.z, wm[3] = m4.w;
-                xsum[0] = s4.x, xsum[1] = s4.y, xsum[2] = s4.z, xsum[3] = s4.w;
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    float v = ws[0][i] * rigllm::biased_dot_to_float(isum[0][i][j]);
-                    if (HALVES == 2) v = fmaf(ws[HALVES - 1][i], rigllm::biased_dot_to_float(isum[HALVES - 1][i][j]), v);
-                    if (Q::HAS_MIN) v = fmaf(-wm[i], xsum[j], v);
-                    acc[i][j] = fmaf(xv[j], v, acc[i][j]);
-                }
-        }
-        if (STAGES == 2) {
-            if (more) kq_store_stage<TYPE>(tiles[cur ^ 1], st, k0 + GEMM_BK);
-            cur ^= 1;
-        }
-        __syncthreads();
-    }
+    rigllm::gemm_staged_k<STAGES>(
+        tiles, K, acc, [&](int k) { kq_load_stage<TYPE>(st, w, xq, xd, r0, rows, t0, T, K, k); },
+        [&](KqGemmSmem& tile, int k) { kq_store_stage<TYPE>(tile, st, k); },
+        [&](const KqGemmSmem& tile, float (&sums)[4][4]) { kq_gemm_tile<TYPE>(tile, tr, tt, sums); });
 
     rigllm::gemm_tile_store(acc, r0, tr, t0, tt, rows, T, end0, end1, end2, y, residual);
 }

@@ -127,10 +127,7 @@ __device__ __forceinline__ void gemm_block(const GemmSmem& sm, int blk, int tr, 
         for (int j = 0; j < 4; ++j) acc[i][j] += rigllm::biased_dot_to_float(isum[i][j]) * (wv[i] * xv[j]);
 }
 
-// STAGES = 1: one staged tile; each stage stores, waits, issues the next stage's loads, computes, and waits again
-// before the next store. STAGES = 2 (the _db kernel): two tiles in turn, so a stage's registers are stored into the
-// other tile after it is computed, and one barrier per stage replaces two (2 x 20 KB: two CTAs an SM still fit a
-// Volta card's 96 KB). Every output sums its blocks in the same order either way: the same bits.
+// STAGES: one staged tile or two in turn (the _db kernel); gemm_tile.cuh's gemm_staged_k runs the stages.
 template <int STAGES>
 __device__ __forceinline__ void gemm_body(const signed char* __restrict__ qs, const __half* __restrict__ dw,
                                           const signed char* __restrict__ xq, const float* __restrict__ xd, float* y,
@@ -145,33 +142,14 @@ __device__ __forceinline__ void gemm_body(const signed char* __restrict__ qs, co
     const int r0 = blockIdx.y * GEMM_BR;
 
     float acc[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-
     StageRegs st;
-    load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, 0);
-    if (STAGES == 2) {
-        store_stage(sm[0], st);
-        __syncthreads();
-    }
-    int cur = 0;
-    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
-        const bool more = k0 + GEMM_BK < K;
-        if (STAGES == 1) {
-            store_stage(sm[0], st);
-            __syncthreads();
-        }
-        if (more) load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, k0 + GEMM_BK);
+    rigllm::gemm_staged_k<STAGES>(
+        sm, K, acc, [&](int k) { load_stage(st, qs, dw, xq, xd, r0, rows, t0, T, K, k); },
+        [&](GemmSmem& tile, int) { store_stage(tile, st); },
+        [&](const GemmSmem& tile, float (&sums)[4][4]) {
 #pragma unroll
-        for (int blk = 0; blk < GEMM_BK / 32; ++blk) gemm_block(sm[cur], blk, tr, tt, acc);
-        if (STAGES == 2) {
-            if (more) store_stage(sm[cur ^ 1], st);
-            cur ^= 1;
-        }
-        __syncthreads();
-    }
+            for (int blk = 0; blk < GEMM_BK / 32; ++blk) gemm_block(tile, blk, tr, tt, sums);
+        });
 
     rigllm::gemm_tile_store(acc, r0, tr, t0, tt, rows, T, end0, end1, end2, y, residual);
 }

@@ -31,8 +31,9 @@ def rmsnorm_q8_1(card: CudaCard, x: DeviceBuffer, in_stride: int, weight: Device
     the next GEMV's leading weight bytes (engine.cuda.l2_prefetch)."""
     if grid[0] != n:
         raise ValueError(f"the norm's grid has a row of blocks per row: {grid} for {n} rows")
-    card.kernel("rmsnorm_q8_1").launch(grid_with_prefetch_blocks(card, grid, prefetch), threads, x, np.int32(in_stride), weight, np.int32(d), np.float32(eps), y,
-                                       xq, xd, np.int32(out_stride), *prefetch.args(), stream=stream)
+    card.kernel("rmsnorm_q8_1").launch(grid_with_prefetch_blocks(card, grid, prefetch), threads, x, np.int32(in_stride),
+                                       weight, np.int32(d), np.float32(eps), y, xq, xd, np.int32(out_stride),
+                                       *prefetch.args(), stream=stream)
 
 
 def norm_shape(n: int) -> tuple[tuple[int, int], int]:

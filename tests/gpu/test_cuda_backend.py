@@ -191,8 +191,9 @@ def test_the_l2_prefetch_changes_no_logit_bit(models, monkeypatch):
     sizes: list[tuple[int, int]] = []  # (bytes prefetched, the cap)
 
     def counted(card, w, n):
-        sizes.append((before_gemv(card, w, n).nbytes, card.l2_bytes // L2_SHARE))
-        return before_gemv(card, w, n)
+        prefetch = before_gemv(card, w, n)
+        sizes.append((prefetch.nbytes, card.l2_bytes // L2_SHARE))
+        return prefetch
 
     def decode_logits() -> np.ndarray:
         gpu = CudaBackend(loaded, context=256, chunk=64)

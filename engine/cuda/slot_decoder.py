@@ -376,7 +376,8 @@ class SlotDecoder:
         logprobs = {}
         if rows:  # a plain step reads none (the numpy passes would cost it several µs)
             records = self._host_logprobs[: LOGPROB_DTYPE.itemsize * len(slots)].view(LOGPROB_DTYPE)
-            logprobs = dict(zip(rows, token_logprobs_of(records[rows], [self._top_logprobs[slots[r]] for r in rows])))
+            asked_rows = records if len(rows) == len(slots) else records[rows]  # a slice, not a copy, when all asked
+            logprobs = dict(zip(rows, token_logprobs_of(asked_rows, [self._top_logprobs[slots[r]] for r in rows])))
         picks = {}
         for row, slot in enumerate(slots):
             logits = (self.fwd.logits_row(row).download(np.float32, self.config.vocab_size)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, alloc_logprob_scratch, launch_logprobs
+from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, alloc_logprob_scratch, launch_logprobs, logprob_parts
 from engine.cuda.sampling import PARAMS_DTYPE, GpuSampler, alloc_scratch, default_parts, launch_draw, launch_select
 from engine.cuda.token_masks import BIAS_DTYPE, Constraints, MaskPool, pack_bias
 
@@ -43,7 +43,7 @@ class SlotSampling:
         self.constraints = Constraints(mask_entry, self.masks.buffer, self.masks.words,
                                        card.alloc(BIAS_DTYPE.itemsize * slots, f"{label}.logit_bias"))
         self.constraints.bias.fill_zero()
-        self.lp_scratch = alloc_logprob_scratch(card, parts, slots, f"{label}.logprobs")
+        self.lp_scratch = alloc_logprob_scratch(card, logprob_parts(card, vocab), slots, f"{label}.logprobs")
         size = LOGPROB_DTYPE.itemsize
         self.records = card.alloc(size * slots, f"{label}.logprob_records")  # row r's record, read back at once
         self.samplers = [GpuSampler(card, vocab, f"{label}{i}", params=self.params.view(PARAMS_DTYPE.itemsize * i,

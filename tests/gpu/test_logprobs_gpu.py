@@ -5,7 +5,7 @@
   combines the slices in float64; the host sums the same fp32 exponentials in float64: a relative error of
   about 1e-7 per slice sum, so the log-normaliser moves by ~1e-7; 2e-5 leaves room and still fails a wrong
   normaliser, which moves every value by at least the log of a missed entry's weight);
-- ties go to the lower id, NaN is never listed, -inf adds nothing to the normaliser, and a vocabulary
+- ties go to the lower id (-0.0 and +0.0 tie), NaN is never listed, -inf adds nothing to the normaliser, and a vocabulary
   smaller than 20 pads with id -1 (read back as fewer alternatives);
 - a slot that asked for nothing leaves its record untouched (the kernels return at once);
 - the number of slices does not change the ids, and moves the normaliser within the tolerance.
@@ -74,6 +74,16 @@ def test_ties_go_to_the_lower_id_and_nan_is_never_listed(card):
     assert got.logprob == pytest.approx(2.0 - lse, abs=LOGPROB_ATOL)
 
 
+def test_signed_zeros_tie_and_go_to_the_lower_id(card):
+    """-0.0 and +0.0 compare equal, so they are one logit to the order (the kernels' keys map -0.0 to +0.0)."""
+    logits = np.full(3000, -5.0, np.float32)
+    logits[[2900, 40, 7]] = [0.0, -0.0, 0.0]
+    logits[1500] = 1.0
+    got = token_logprob_of(device_record(card, logits, 40), 20)
+    assert [i for i, _ in got.top][:4] == [1500, 7, 40, 2900]
+    assert got.top[1][1] == got.top[2][1] == got.top[3][1] == got.logprob
+
+
 def test_a_vocabulary_below_twenty_pads_the_alternatives(card, rng):
     logits = rng.standard_normal(7).astype(np.float32)
     rec = device_record(card, logits, 0)
@@ -86,7 +96,7 @@ def test_a_slot_that_asked_for_nothing_keeps_its_record(card, rng):
     assert bytes(rec.tobytes()) == b"\xab" * LOGPROB_DTYPE.itemsize
 
 
-@pytest.mark.parametrize("parts", [1, 7, 300])
+@pytest.mark.parametrize("parts", [1, 7, 256])  # 256: LOGPROB_MAX_PARTS, a full final launch
 def test_the_number_of_slices_changes_nothing_but_rounding(card, rng, parts):
     logits = (rng.standard_normal(248320) * 4).astype(np.float32)
     rec = device_record(card, logits, 5, parts=parts)

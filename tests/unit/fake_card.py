@@ -8,12 +8,25 @@ are recorded, not run, with their arguments checked to be launchable types. What
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 LAUNCHABLE = (np.int32, np.int64, np.uint32, np.uint64, np.float32)
+CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
+
+
+def entry_parameter_count(name: str) -> int:
+    """Parameters of kernel `name`'s C entry point (for the GDN kernels: their RIGLLM_GDN_RECURRENT macro's)."""
+    text = "".join(p.read_text() for p in sorted(CUDA_SRC.glob("*.cu")))
+    entry = re.escape(name)
+    if name.startswith("gdn_recurrent"):
+        text, entry = text[text.index("#define RIGLLM_GDN_RECURRENT("):], "NAME"
+    params = re.search(r"__global__ void (?:__launch_bounds__\([^)]*\)\s*)?" + entry + r"\(([^)]*)\)", text).group(1)
+    return len(params.split(","))
 
 
 class FakeBuffer:

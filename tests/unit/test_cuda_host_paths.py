@@ -12,6 +12,8 @@ import pytest
 from engine.cuda.backend import CudaBackend
 from engine.generation.backend import CardSpec
 from engine.cuda.bench.pipeline_bench import pipeline_decode_speed
+from engine.cuda.logprobs import LOGPROB_MAX_PARTS, alloc_logprob_scratch, logprob_parts
+from engine.cuda.sampling import default_parts
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.model.kv_formats import kv_format
@@ -20,7 +22,7 @@ from engine.errors import RigllmError
 from engine.generation.slots import SlotRequest, SlotSnapshot
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.gguf.loader import load_model
-from fake_card import FakeCard
+from fake_card import FakeCard, entry_parameter_count
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +308,19 @@ def test_logprobs_come_from_the_card_record_and_do_not_change_the_step_graph(dem
     assert picks[0].logprobs is None and len(picks[1].logprobs.top) == 3
     assert card.graphs == graphs  # the same slots: the same graph, whoever asks for logprobs
     assert [int(dec.logprobs[s].wanted.data.view(np.int32)[0]) for s in (0, 1)] == [0, 1]
+    assert all(n == entry_parameter_count(name) for name, _, _, n in card.launches if name.startswith("logprob_"))
+
+
+def test_logprobs_run_over_no_more_slices_than_the_final_launch_holds():
+    """logprobs.cu's final launch stages one slice's list per thread (LOGPROB_MAX_PARTS of them in shared memory):
+    a card whose sampler splits the vocabulary wider takes that many slices for logprobs, and more are refused."""
+    card = FakeCard()  # an H200's 132 SMs: the sampler's 264 slices
+    assert default_parts(card, 248320) == 264 and logprob_parts(card, 248320) == LOGPROB_MAX_PARTS == 256
+    card.sm_count = 80  # a CMP 100-210's
+    assert logprob_parts(card, 248320) == default_parts(card, 248320) == 160
+    assert logprob_parts(card, 1000) == default_parts(card, 1000) == 4
+    with pytest.raises(ValueError, match="1 to 256 slices, not 257"):
+        alloc_logprob_scratch(card, LOGPROB_MAX_PARTS + 1, 1, "too.wide")
 
 
 def test_a_logprob_record_reads_as_the_schedulers_token_logprob():

@@ -4,9 +4,6 @@ with as many arguments as its C entry point takes. Whether a prefetch changes a 
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -21,9 +18,8 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.gguf.loader import load_model
 from gguf import GGMLQuantizationType
-from tests.unit.fake_card import FakeCard
+from tests.unit.fake_card import FakeCard, entry_parameter_count
 
-CUDA_SRC = Path(__file__).resolve().parents[2] / "cuda_src"
 PREFETCHING = ("rmsnorm_q8_1", "swiglu_q8_1", "attn_prep", "gdn_recurrent_conv")
 OWN_PREFETCH_BLOCKS = ("rmsnorm_q8_1", "swiglu_q8_1", "attn_prep")  # small grids: z layers of prefetching blocks
 
@@ -67,16 +63,6 @@ def test_small_grids_gain_prefetching_layers_that_reach_every_sm():
     assert grid_with_prefetch_blocks(card, 200, some) == (200, 1, 2)
     assert grid_with_prefetch_blocks(card, (1, 8), NO_PREFETCH) == (1, 8)
     assert grid_with_prefetch_blocks(card, 20, NO_PREFETCH) == 20
-
-
-def entry_parameter_count(name: str) -> int:
-    """Parameters of kernel `name`'s C entry point (for the GDN kernels: their RIGLLM_GDN_RECURRENT macro's)."""
-    text = "".join(p.read_text() for p in sorted(CUDA_SRC.glob("*.cu")))
-    entry = re.escape(name)
-    if name.startswith("gdn_recurrent"):
-        text, entry = text[text.index("#define RIGLLM_GDN_RECURRENT("):], "NAME"
-    params = re.search(r"__global__ void (?:__launch_bounds__\([^)]*\)\s*)?" + entry + r"\(([^)]*)\)", text).group(1)
-    return len(params.split(","))
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,15 @@
 //   logprob_final    grid 1, block 256: the partials combined in float64, the best LOGPROB_TOP of all the
 //                    slices' lists, and the logit of the token the sampler picked
 // An entry's place in the listing order is one 64-bit key (list_key), so "best" is an unsigned max and a
-// list is a descending run of keys, 0-padded. The best of a set come out of LOGPROB_TOP rounds of a warp
-// max (shuffles only): block-wide rounds, with three barriers and a serial combine each, cost 0.9 µs a
-// round in the partial and 2.1 µs in the final on the H200 (2026-12-04, s18a: 18.9 + 42.9 µs a row).
-//   - the partial: each warp takes the best of its part of the slice in rounds over its entries (in L1
-//     after the normaliser's pass), then warp 0 merges the 8 warps' lists;
-//   - the final: each thread holds one slice's list (staged in shared memory, nparts <= LOGPROB_MAX_PARTS),
-//     each warp merges its 32 lists, then warp 0 merges the 8 warps' lists.
+// list is a descending run of keys, 0-padded.
+//   - the partial takes its slice's best in LOGPROB_TOP block-wide rounds, each the best key below the
+//     previous round's (the slice stays in L1 after the normaliser's pass);
+//   - the final merges the slices' lists: each thread holds one (staged in shared memory, nparts <=
+//     LOGPROB_MAX_PARTS), each warp merges its 32 lists in rounds of a warp max (shuffles only), then warp 0
+//     merges the 8 warps' lists. Block-wide rounds over every candidate, three barriers and a serial combine
+//     each, took 42.9 µs here on the H200 (2026-12-04, s18a), the merge 9.0 (s18b). The same warp rounds in
+//     the partial (each warp's part of the slice, then the 8 lists merged) were slower there than the block
+//     rounds: 21.5 against 18.9 µs for one row, 59.8 against 42.6 for four (s18a/b).
 // A vocabulary with fewer than LOGPROB_TOP non-NaN entries leaves the tail of the record at id -1.
 #include "sampling.cuh"
 
@@ -70,22 +72,6 @@ __device__ __forceinline__ ListKey warp_max_key(ListKey k) {
     return k;
 }
 
-// The warp's LOGPROB_TOP best of logits[begin, end) into out[] (lane 0 writes): LOGPROB_TOP rounds, each
-// lane's best key below the previous round's, then the warp's max.
-__device__ void warp_best_of_range(const float* __restrict__ logits, int begin, int end, ListKey* out) {
-    const int lane = threadIdx.x % 32;
-    ListKey prev = ~0ull;
-    for (int r = 0; r < LOGPROB_TOP; ++r) {
-        ListKey best = 0ull;
-        for (int v = begin + lane; v < end; v += 32) {
-            const ListKey k = list_key(logits[v], v);
-            if (k < prev && k > best) best = k;
-        }
-        prev = warp_max_key(best);
-        if (lane == 0) out[r] = prev;
-    }
-}
-
 // The warp's LOGPROB_TOP best of its lanes' lists (each descending, LOGPROB_TOP keys, 0-padded; nullptr:
 // the lane has none) into out[] (lane 0 writes): each round the warp's max of the lanes' heads, and the
 // lane whose head it was moves to its next key (keys are unique: ids are).
@@ -110,6 +96,11 @@ struct MergeOf {
     __device__ LogprobPartial down(LogprobPartial v, int off) const {
         return LogprobPartial{__shfl_down_sync(0xffffffffu, v.max, off), __shfl_down_sync(0xffffffffu, v.sum, off)};
     }
+};
+
+struct MaxKeyOf {
+    __device__ ListKey operator()(ListKey a, ListKey b) const { return a > b ? a : b; }
+    __device__ ListKey down(ListKey v, int off) const { return __shfl_down_sync(0xffffffffu, v, off); }
 };
 
 struct MaxOf {
@@ -160,18 +151,15 @@ logprob_partial(const float* __restrict__ logits, int V, const int* __restrict__
     }
     acc = block_all_reduce(acc, MergeOf{});
     if (threadIdx.x == 0) part[blockIdx.x] = acc;
-    __shared__ ListKey warp_lists[LOGPROB_WARPS][LOGPROB_TOP];
-    const int warp = threadIdx.x / 32;
-    int wbegin, wend;
-    block_slice(end - begin, LOGPROB_WARPS, warp, &wbegin, &wend);
-    warp_best_of_range(logits, begin + wbegin, begin + wend, warp_lists[warp]);
-    __syncthreads();
-    if (warp == 0) {
-        __shared__ ListKey best[LOGPROB_TOP];
-        const int lane = threadIdx.x;
-        warp_merge_lists(lane < LOGPROB_WARPS ? warp_lists[lane] : nullptr, best);
-        __syncwarp();
-        if (lane < LOGPROB_TOP) cand[lane] = best[lane];
+    ListKey prev = ~0ull;
+    for (int r = 0; r < LOGPROB_TOP; ++r) {  // each round the slice's best key below the previous round's
+        ListKey best = 0ull;
+        for (int v = begin + (int)threadIdx.x; v < end; v += SAMPLE_THREADS) {
+            const ListKey k = list_key(logits[v], v);
+            if (k < prev && k > best) best = k;
+        }
+        prev = block_all_reduce(best, MaxKeyOf{});
+        if (threadIdx.x == 0) cand[r] = prev;
     }
 }
 

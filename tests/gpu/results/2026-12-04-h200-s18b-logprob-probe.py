@@ -1,0 +1,38 @@
+"""s18b probe (cac9ea1's kernels; s18a's took logit and id buffers): what a top-20 logprob step costs on the card, per kernel, at 1 and 4 rows; the record read-back;
+and the host's conversion of the records."""
+import json, sys, time, timeit
+import numpy as np
+from engine.cuda.driver import CudaCard
+from engine.cuda.logprobs import LOGPROB_DTYPE, alloc_logprob_scratch, token_logprobs_of
+from engine.cuda.logprobs import logprob_parts
+from engine.cuda.bench.microbench import time_graph_ms
+
+card = CudaCard(0)
+V = 248320
+parts = logprob_parts(card, V)
+res = {"gpu": card.device_name, "parts": parts, "rows": {}}
+rng = np.random.default_rng(3)
+for rows in (1, 4):
+    logits = card.upload((rng.standard_normal(V * rows) * 3).astype(np.float32), "p.logits")
+    wanted = card.upload(np.ones(8, np.int32), "p.wanted")
+    row_slot = card.upload(np.arange(8, dtype=np.int32), "p.rows")
+    tok = card.upload(np.zeros(8, np.int32), "p.tok")
+    out = card.alloc(LOGPROB_DTYPE.itemsize * rows, "p.out")
+    sc = alloc_logprob_scratch(card, parts, rows, "p")
+    v = np.int32(V)
+    part = lambda i: card.kernel("logprob_partial").launch((parts, rows), 256, logits, v, wanted, sc.partials, sc.candidates, row_slot)
+    fin = lambda i: card.kernel("logprob_final").launch((1, rows), 256, logits, v, wanted, sc.partials, sc.candidates, np.int32(parts), tok, out, row_slot)
+    r = {"partial_us": 1e3 * time_graph_ms(card, 50, part), "final_us": 1e3 * time_graph_ms(card, 50, fin)}
+    host = card.pinned(LOGPROB_DTYPE.itemsize * rows, np.uint8)
+    s, e = card.event(), card.event()
+    ts = []
+    for _ in range(50):
+        card.synchronize(); s.record(); out.download_async(host); e.record(); e.synchronize(); ts.append(1e3 * e.elapsed_ms(s))
+    r["d2h_us_median"] = float(np.median(ts))
+    recs = host.view(LOGPROB_DTYPE)
+    n = 2000
+    r["host_convert_us"] = min(timeit.repeat(lambda: token_logprobs_of(recs[list(range(rows))], [20] * rows), number=n, repeat=5)) / n * 1e6
+    res["rows"][rows] = r
+    print(rows, r, flush=True)
+json.dump(res, open(sys.argv[1], "w"), indent=1)
+card.close()

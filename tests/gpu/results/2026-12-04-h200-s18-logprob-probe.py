@@ -1,17 +1,25 @@
-"""s18b probe (cac9ea1's kernels; s18a's took logit and id buffers): what a top-20 logprob step costs on the card, per kernel, at 1 and 4 rows; the record read-back;
+"""s18 probe: what a top-20 logprob step costs on the card, per kernel, at 1 and 4 rows; the record read-back;
 and the host's conversion of the records."""
 import json, sys, time, timeit
 import numpy as np
 from engine.cuda.driver import CudaCard
 from engine.cuda.logprobs import LOGPROB_DTYPE, alloc_logprob_scratch, token_logprobs_of
-from engine.cuda.logprobs import logprob_parts
+from engine.cuda.sampling import default_parts
 from engine.cuda.bench.microbench import time_graph_ms
 
 card = CudaCard(0)
 V = 248320
-parts = logprob_parts(card, V)
+try:  # cac9ea1 on: at most 256 slices, one key buffer; 41f7204 (s18a): the sampler's slices, logit and id buffers
+    from engine.cuda.logprobs import logprob_parts
+    parts = logprob_parts(card, V)
+except ImportError:
+    parts = default_parts(card, V)
 res = {"gpu": card.device_name, "parts": parts, "rows": {}}
 rng = np.random.default_rng(3)
+def scratch_args(sc):
+    return (sc.candidates,) if hasattr(sc, "candidates") else (sc.cand_logit, sc.cand_id)
+
+
 for rows in (1, 4):
     logits = card.upload((rng.standard_normal(V * rows) * 3).astype(np.float32), "p.logits")
     wanted = card.upload(np.ones(8, np.int32), "p.wanted")
@@ -20,8 +28,8 @@ for rows in (1, 4):
     out = card.alloc(LOGPROB_DTYPE.itemsize * rows, "p.out")
     sc = alloc_logprob_scratch(card, parts, rows, "p")
     v = np.int32(V)
-    part = lambda i: card.kernel("logprob_partial").launch((parts, rows), 256, logits, v, wanted, sc.partials, sc.candidates, row_slot)
-    fin = lambda i: card.kernel("logprob_final").launch((1, rows), 256, logits, v, wanted, sc.partials, sc.candidates, np.int32(parts), tok, out, row_slot)
+    part = lambda i: card.kernel("logprob_partial").launch((parts, rows), 256, logits, v, wanted, sc.partials, *scratch_args(sc), row_slot)
+    fin = lambda i: card.kernel("logprob_final").launch((1, rows), 256, logits, v, wanted, sc.partials, *scratch_args(sc), np.int32(parts), tok, out, row_slot)
     r = {"partial_us": 1e3 * time_graph_ms(card, 50, part), "final_us": 1e3 * time_graph_ms(card, 50, fin)}
     host = card.pinned(LOGPROB_DTYPE.itemsize * rows, np.uint8)
     s, e = card.event(), card.event()

@@ -20,8 +20,9 @@
 //     LOGPROB_MAX_PARTS), each warp merges its 32 lists in rounds of a warp max (shuffles only), then warp 0
 //     merges the 8 warps' lists. Block-wide rounds over every candidate, three barriers and a serial combine
 //     each, took 42.9 µs here on the H200 (2026-12-04, s18a), the merge 9.0 (s18b). The same warp rounds in
-//     the partial (each warp's part of the slice, then the 8 lists merged) were slower there than the block
-//     rounds: 21.5 against 18.9 µs for one row, 59.8 against 42.6 for four (s18a/b).
+//     the partial (each warp's part of the slice, then the 8 lists merged) were slower than its block rounds:
+//     21.5 µs for one row and 59.8 for four (s18b), against 19.2 and 47.5 for the block rounds over keys
+//     (s18c) and 18.9 and 42.6 for the block rounds before keys (s18a).
 // A vocabulary with fewer than LOGPROB_TOP non-NaN entries leaves the tail of the record at id -1.
 #include "sampling.cuh"
 

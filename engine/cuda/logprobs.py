@@ -29,7 +29,7 @@ KEY_BYTES = 8  # ListKey: a candidate's logit and id as one sortable integer
 
 
 def logprob_parts(card: CudaCard, vocab: int) -> int:
-    """Slices of the logprob passes: the sampler's, at most LOGPROB_MAX_PARTS (264 on an H200, 160 on a CMP)."""
+    """Slices of the logprob passes: the sampler's, at most LOGPROB_MAX_PARTS (an H200: 256 of 264; a CMP: 160)."""
     return min(default_parts(card, vocab), LOGPROB_MAX_PARTS)
 
 

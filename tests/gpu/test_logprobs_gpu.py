@@ -5,8 +5,8 @@
   combines the slices in float64; the host sums the same fp32 exponentials in float64: a relative error of
   about 1e-7 per slice sum, so the log-normaliser moves by ~1e-7; 2e-5 leaves room and still fails a wrong
   normaliser, which moves every value by at least the log of a missed entry's weight);
-- ties go to the lower id (-0.0 and +0.0 tie), NaN is never listed, -inf adds nothing to the normaliser, and a vocabulary
-  smaller than 20 pads with id -1 (read back as fewer alternatives);
+- ties go to the lower id (-0.0 and +0.0 tie), NaN is never listed, -inf adds nothing to the normaliser, and a
+  vocabulary smaller than 20 pads with id -1 (read back as fewer alternatives);
 - a slot that asked for nothing leaves its record untouched (the kernels return at once);
 - the number of slices does not change the ids, and moves the normaliser within the tolerance.
 """

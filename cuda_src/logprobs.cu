@@ -46,20 +46,16 @@ struct LogprobRow {
     float top_logit[LOGPROB_TOP];
 };
 
-// Larger keys are listed first: the logit's bits mapped to an unsigned order (-0.0 as +0.0: they compare
-// equal), then ~id, so equal logits go to the lower id. NaN is never listed (key 0); every other key is
-// above 0, since ~id has its top bit set for id >= 0.
+// Larger keys are listed first: the logit's sampling.cuh order_key (-0.0 as +0.0: they compare equal), then
+// ~id, so equal logits go to the lower id. NaN is never listed (key 0); every other key is above 0, since
+// ~id has its top bit set for id >= 0.
 __device__ __forceinline__ ListKey list_key(float x, int id) {
     if (x != x) return 0ull;
-    const unsigned u = x == 0.0f ? 0u : __float_as_uint(x);
-    const unsigned ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((ListKey)ordered << 32) | (unsigned)~id;
+    return ((ListKey)order_key(x) << 32) | (unsigned)~id;
 }
 
 __device__ __forceinline__ float key_logit(ListKey k) {
-    if (k == 0ull) return NEG_INF_F;
-    const unsigned o = (unsigned)(k >> 32);
-    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+    return k == 0ull ? NEG_INF_F : key_value((unsigned)(k >> 32));
 }
 
 __device__ __forceinline__ int key_id(ListKey k) { return k == 0ull ? -1 : (int)~(unsigned)k; }

@@ -52,7 +52,7 @@ from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
 from engine.generation.speculative import SpeculationStats
-from engine.generation.token_mask import TokenMask
+from engine.generation.token_mask import StepMasks, TokenMask
 from engine.gguf.config import ModelConfig
 from engine.gguf.loader import LoadedModel
 from engine.model.kv_formats import kv_format
@@ -269,7 +269,7 @@ class CudaBackend:
         """The request's sampling goes to the last card alone (it samples)."""
         return self._on_last(lambda dec: dec.begin(slot, request, mask))
 
-    def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
+    def launch(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> bool:
         """`StepLauncher`: queue a plain step without waiting (one card; on several the step hops card to card
         and is taken whole: False)."""
         return len(self.stages) == 1 and self._on_last(lambda dec: dec.launch(feeds, masks))
@@ -283,7 +283,7 @@ class CudaBackend:
         """The card with the LM head's idle time between decode steps."""
         return self.stages[-1].decoder.gaps
 
-    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
+    def step(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> dict[int, Pick]:
         """The trunk cards pass their hidden rows on, one hop per boundary; the last card picks, under `masks`.
         Over several cards a slot fed alone that speculates takes a round through every card instead."""
         if self.rounds is not None:

@@ -101,6 +101,12 @@ class Stream:
         with self.card._errors("stream synchronize"):
             self._stream.synchronize()
 
+    def wait_for(self, event: Event) -> None:
+        """Work queued on this stream from now on starts after the work `event` last recorded has run."""
+        self.card._check_thread()
+        with self.card._errors("stream wait for event"):
+            self._stream.wait_for_event(event._event)
+
 
 class Event:
     """A CUDA event for timing and ordering."""
@@ -443,6 +449,12 @@ class CudaCard:
     def event(self) -> Event:
         self._check_thread()
         return Event(self)
+
+    def new_stream(self) -> Stream:
+        """Another stream of this card, for copies that may overlap the card's stream (order them with events)."""
+        self._check_thread()
+        with self._errors("stream creation"):
+            return Stream(self)
 
     def synchronize(self) -> None:
         """Wait for all work of this context; kernel faults surface here as `CudaError`."""

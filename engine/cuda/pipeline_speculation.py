@@ -26,7 +26,7 @@ import numpy as np
 from engine.cuda.card_thread import CardExecutor
 from engine.cuda.stage import Stage
 from engine.generation.slots import Pick
-from engine.generation.token_mask import TokenMask
+from engine.generation.token_mask import StepMasks
 
 
 class PipelineRounds:
@@ -39,7 +39,7 @@ class PipelineRounds:
         self.stages, self.executors, self.hop = stages, executors, hop
         self.last = stages[-1].decoder
 
-    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None) -> dict[int, Pick] | None:
+    def step(self, feeds: Mapping[int, int], masks: StepMasks | None) -> dict[int, Pick] | None:
         """A decode step over `feeds` as a speculative round, when it feeds one slot alone that speculates now;
         None otherwise (the caller takes a plain step)."""
         slot = self.last.lone_slot(feeds, masks)

@@ -56,7 +56,7 @@ from engine.generation.logprobs import TokenLogprob
 from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
 from engine.model.kv_formats import KVFormat
 from engine.generation.speculative import SpeculationStats
-from engine.generation.token_mask import TokenMask
+from engine.generation.token_mask import StepMasks, TokenMask, masks_now
 from engine.gguf.config import ModelConfig
 from engine.reference.rope import text_positions
 from engine.sparse.profile import SparseProfile
@@ -72,11 +72,12 @@ class DecodeGraph:
     the sampler is the full one for every row, and a greedy request's parameters make it take the arg-max
     and skip the rest (sampling.cu's greedy exit). So one graph serves any set of slots in any mix of modes
     (issue 28: keyed by slot sets and modes, 4 slots had 80 possible graphs, 8 slots 6,560). Logprobs return
-    at once for rows whose slot did not ask for them."""
+    at once for rows whose slot did not ask for them. Without `sampling` the graph is the forward pass alone
+    (a card without the head, or a masked step's first part: `SlotDecoder._queue_masked`)."""
 
     def __init__(self, fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int):
         self.fwd, self.card = fwd, fwd.card
-        with self.card.capture(f"decode x{width}") as graph:
+        with self.card.capture(f"{'decode' if sampling else 'forward'} x{width}") as graph:
             step_launches(fwd, batch, sampling, width)
         self.graph = graph
 
@@ -86,8 +87,13 @@ def step_launches(fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | N
     on the card with the head, every row's sampler and logprobs."""
     fwd.run_slots(width, batch)
     if sampling is not None:
-        sampling.sample_rows(fwd.logits, width, batch.row_slot)
-        sampling.logprob_rows(fwd.logits, width, batch.row_slot)
+        pick_launches(fwd, batch, sampling, width)
+
+
+def pick_launches(fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling, width: int) -> None:
+    """Every row's sampler and logprobs over the forward pass's logits rows."""
+    sampling.sample_rows(fwd.logits, width, batch.row_slot)
+    sampling.logprob_rows(fwd.logits, width, batch.row_slot)
 
 
 class SlotDecoder:
@@ -137,6 +143,11 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: dict[int, DecodeGraph] = {}  # by batch width
+        self._forward_graphs: dict[int, DecodeGraph] = {}  # by batch width, for masked steps (`_queue_masked`)
+        if self.sampling is not None:  # a masked step's mask uploads overlap its forward pass on their own stream
+            self._mask_stream = card.new_stream()
+            self._forward_queued, self._masks_uploaded = card.event(), card.event()
+            self._host_entries = card.pinned(slots, np.int32)
         self._queued: tuple[list[int], set[int]] = ([], set())  # the last queued step's slots, and those with logprobs
         self.gaps = StepGaps(card)
         self._warm_up()
@@ -267,11 +278,12 @@ class SlotDecoder:
         """The slot's downloaded LOGPROB_DTYPE bytes as its pick's logprobs."""
         return token_logprob_of(raw.view(LOGPROB_DTYPE)[0], self._top_logprobs[slot])
 
-    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None, *,
+    def step(self, feeds: Mapping[int, int], masks: StepMasks | None = None, *,
              hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
         """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
         a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
-        head); on a speculating card a slot fed alone may take a speculative round instead (never a masked one)."""
+        head; a masked step in two parts, `_queue_masked`); on a speculating card a slot fed alone may take a
+        speculative round instead (never a masked one)."""
         slot = self.lone_slot(feeds, masks)
         if slot is not None and self.fwd.embeds:  # the whole model on this card: the round is this card's alone
             pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, feeds[slot]))
@@ -279,16 +291,16 @@ class SlotDecoder:
                 return {slot: pick}
         return self.step_part(feeds, hidden, masks)
 
-    def lone_slot(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None) -> int | None:
-        """The slot a step may turn into a speculative round: one fed alone, unmasked, on a speculating card
-        (one whose slot asked for speculation: `CudaSpeculator.speculating`)."""
+    def lone_slot(self, feeds: Mapping[int, int], masks: StepMasks | None) -> int | None:
+        """The slot a step may turn into a speculative round: one fed alone, unmasked (a callable counts as
+        masks), on a speculating card (one whose slot asked for speculation: `CudaSpeculator.speculating`)."""
         if not self.speculator or len(feeds) != 1 or masks:
             return None
         slot = next(iter(feeds))
         return slot if self.speculator.speculating(slot) else None
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None,
-                  masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick] | np.ndarray:
+                  masks: StepMasks | None = None) -> dict[int, Pick] | np.ndarray:
         """One decode step of the slots in `feeds` on this card. The first card embeds the fed tokens, a later
         card starts from `hidden` (rows in slot order). The last card returns each slot's pick (a slot in
         `masks` among the tokens its mask allows); another card returns its hidden rows (in host memory,
@@ -316,9 +328,10 @@ class SlotDecoder:
             raise RigllmError("this card takes no part in speculative verifies")
         return self.verifier
 
-    def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
+    def launch(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> bool:
         """Queue a plain step over `feeds` on the card and return at once, so the host can work on the previous
-        step's text meanwhile (issue 28 item 4); `collect` returns its picks. Until then the host may queue
+        step's text meanwhile (issue 28 item 4); `collect` returns its picks. A callable `masks` is called
+        before this returns, once the step's forward pass is queued (`_queue_masked`). Until then the host may queue
         other work (prefill chunks, a request's first pick: they run after the step on the card's stream) but
         no other step. False, with nothing queued, when the step must be taken whole with `step`: a slot fed
         alone that speculates, a slot that wants its logits rows (they are read after the step), or a card
@@ -330,17 +343,23 @@ class SlotDecoder:
         self._queue_picks(self._queue_step(feeds, None, masks), feeds)
         return True
 
-    def _queue_step(self, feeds: Mapping[int, int], hidden: np.ndarray | None,
-                    masks: Mapping[int, TokenMask] | None) -> list[int]:
-        """Upload a step's record and replay its graph; the slots in row order."""
+    def _queue_step(self, feeds: Mapping[int, int], hidden: np.ndarray | None, masks: StepMasks | None) -> list[int]:
+        """Upload a step's record and replay its graph (a masked step on the card with the head: `_queue_masked`);
+        the slots in row order."""
         slots = sorted(feeds)
         for slot in slots:
             if self.seqs[slot].next_position >= self.context:
                 raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
-        graph = self._graph(len(slots))
-        entries = ({slot: self.sampling.masks.entry(mask) for slot, mask in masks.items()}
-                   if masks and self.sampling is not None else {})
-        self._write_steps(slots, entries)
+        if masks and self.sampling is not None:
+            self._queue_masked(slots, feeds, hidden, masks)
+        else:
+            self._queue_rows(slots, feeds, hidden, self._graph(len(slots)))
+        return slots
+
+    def _queue_rows(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None,
+                    graph: DecodeGraph) -> None:
+        """The step's record (every slot's mask entry NO_MASK) and its rows' inputs, then `graph`."""
+        self._write_steps(slots)
         if self.fwd.heads:
             self.gaps.started()
         if self.fwd.embeds:
@@ -353,7 +372,40 @@ class SlotDecoder:
         self.card.replay(graph.graph)
         for slot in slots:
             self.seqs[slot].next_position += 1
-        return slots
+
+    def _queue_masked(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None,
+                      masks: StepMasks) -> None:
+        """A masked step in two parts, so that the host's share of it runs while the card runs the forward pass
+        instead of before it (issue 28: with a fresh mask in each of 4 rows the card sat idle 214-220 µs a step
+        while the host looked the masks up and uploaded them): the forward pass's graph goes first; then the
+        masks (computed now when `masks` is a callable: the grammars' work) are looked up in the pool, their
+        uploads queued on the mask stream, which waits only for the work queued before this step (so no earlier
+        step's sampler reads an entry while it is rewritten); then, after those uploads, the slots' pool entries
+        and every row's picks, launched directly rather than from a second graph per width (they are queued
+        long before the forward pass ends). Should the masks fail, the step still ends (unmasked rows) before
+        the error goes on, so nothing queued reads host memory the next step rewrites."""
+        width = len(slots)
+        forward = self._forward_graphs.get(width)
+        if forward is None:  # captured before the event below is recorded: a capture would take the record in
+            forward = self._forward_graphs[width] = DecodeGraph(self.fwd, self.batch, None, width)
+        self._forward_queued.record()
+        self._queue_rows(slots, feeds, hidden, forward)
+        entries = self._host_entries
+        entries[:] = NO_MASK
+        failed = True
+        try:
+            self._mask_stream.wait_for(self._forward_queued)
+            for slot, mask in masks_now(masks).items():
+                entries[slot] = self.sampling.masks.entry(mask, self._mask_stream)
+            failed = False
+        finally:
+            self._masks_uploaded.record(self._mask_stream)
+            self.card.stream.wait_for(self._masks_uploaded)
+            self.steps.view(4 * self._masks_at, entries.nbytes).upload_async(entries)
+            pick_launches(self.fwd, self.batch, self.sampling, width)
+            if failed:
+                self.gaps.interrupt()
+                self.card.stream.synchronize()
 
     def _queue_picks(self, slots: list[int], feeds: Mapping[int, int]) -> None:
         """After a step on the card with the LM head: queue the picks' (and logprob records') read-back and the
@@ -392,10 +444,10 @@ class SlotDecoder:
         self.steps.upload(self._host_steps)
         self.fwd.ids.view(0, 4 * len(slots)).upload(np.full(len(slots), token, np.int32))
 
-    def _write_steps(self, slots: Sequence[int], mask_entries: Mapping[int, int] | None = None) -> None:
+    def _write_steps(self, slots: Sequence[int]) -> None:
         """The host copy of the step buffer for a step over `slots` (row b continues slots[b]): every slot's
         next position with one token, its rope position, the rows' slots, and every slot's mask pool entry
-        (`mask_entries`, NO_MASK for the slots not there)."""
+        (NO_MASK: a masked step uploads its entries after its forward pass, `_queue_masked`)."""
         # whole columns at once: the host writes this before every step while the card waits (a slice assignment
         # per slot and field cost an 8-slot decoder 34 µs a step on the dev machine)
         n, host = len(self.seqs), self._host_steps
@@ -404,10 +456,7 @@ class SlotDecoder:
         steps[:, 0], steps[:, 1] = positions, 1
         rope = host[self._rope_at : self._rope_at + ROPE_INTS * n].reshape(n, ROPE_INTS)
         rope[:] = np.array([seq.next_rope_position for seq in self.seqs])[:, None]  # (t, h, w) alike for text
-        masks = host[self._masks_at : self._masks_at + n]
-        masks[:] = NO_MASK
-        for slot, entry in (mask_entries or {}).items():
-            masks[slot] = entry
+        host[self._masks_at : self._masks_at + n] = NO_MASK
         host[self._rows_at : self._rows_at + len(slots)] = slots
 
     def _graph(self, width: int) -> DecodeGraph:

@@ -37,7 +37,7 @@ from engine.generation.backend import Backend, takes_embeddings
 from engine.generation.logprobs import TokenLogprob, token_logprobs
 from engine.generation.sampler import Sampler, SamplingParams
 from engine.generation.speculative import MtpSpeculator, SpeculationStats, speculation_rng
-from engine.generation.token_mask import TokenMask, constrain_row
+from engine.generation.token_mask import StepMasks, TokenMask, constrain_row, masks_now
 from engine.reference.speculative_state import MtpTrail
 from engine.gguf.config import ModelConfig
 
@@ -116,9 +116,11 @@ class SlotBackend(Protocol):
         """Configure the slot's sampling for a request and pick its first token from the prefill's logits
         (among the tokens `mask` allows, for a `masked` request: engine.generation.token_mask)."""
 
-    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
+    def step(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> dict[int, Pick]:
         """Feed one token to each slot in `feeds` (slot → token) and pick each slot's next token, a slot in
-        `masks` among the tokens its mask allows."""
+        `masks` among the tokens its mask allows. `masks` may be a callable that computes them: it is called
+        once, by a backend that can after the step's forward pass is queued (so the grammars' work overlaps it),
+        else first (`masks_now`). A callable counts as masks: the step is plain, never a speculative round."""
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot | None:
         """A copy of the slot's state, or None when this backend cannot take one."""
@@ -134,7 +136,7 @@ class StepLauncher(Protocol):
     """The optional overlap capability of a `SlotBackend` (`launches_steps`): a plain step queued on the device
     without waiting, so the host's text work for the previous step runs while the device computes."""
 
-    def launch(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> bool:
+    def launch(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> bool:
         """Queue `step(feeds, masks)` and return at once; False (nothing queued) when this step must be taken
         whole with `step` (a speculative round, several cards). Until `collect`, the caller may prefill and
         begin other slots (they run after the step) but not step."""
@@ -253,8 +255,8 @@ class HostSlots:
         s.rng = speculation_rng(request.params.seed) if s.speculate else None
         return self._pick(s, mask)
 
-    def step(self, feeds: Mapping[int, int], masks: Mapping[int, TokenMask] | None = None) -> dict[int, Pick]:
-        masks = masks or {}
+    def step(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> dict[int, Pick]:
+        masks = masks_now(masks)
         picks = {}
         for slot, token in feeds.items():
             s = self._slots[slot]

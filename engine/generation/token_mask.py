@@ -11,12 +11,22 @@ penalties and filters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 TokenMask = np.ndarray  # uint32 (or int32) words, bit v % 32 of word v // 32: token v allowed
+# a step's masks by slot, or what computes them: a backend that can calls it once the step's forward pass is on
+# the device, so the grammars' work (and the masks' upload) overlaps it instead of leaving the device idle
+StepMasks = Mapping[int, TokenMask] | Callable[[], Mapping[int, TokenMask]]
 MAX_LOGIT_BIAS = 300  # ids in one request's logit_bias: OpenAI's limit, and what a backend holds per slot
+
+
+def masks_now(masks: StepMasks | None) -> Mapping[int, TokenMask]:
+    """A step's masks by slot, computed now when they came as a callable (for backends with nothing to overlap)."""
+    if masks is None:
+        return {}
+    return masks() if callable(masks) else masks
 
 
 def mask_words(vocab: int) -> int:

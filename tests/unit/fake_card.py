@@ -101,6 +101,16 @@ class _Sync:
     handle = 0
 
 
+class FakeStream(_Sync):
+    """A stream whose waits are noted in the card's launches as "<wait>" (what tests of stream order read)."""
+
+    def __init__(self, card: "FakeCard"):
+        self.card = card
+
+    def wait_for(self, event: "FakeEvent") -> None:
+        self.card.launches.append(("<wait>", None, None, 0))
+
+
 class FakeEvent(_Sync):
     """An event whose every interval is 1 ms (benchmark drivers run; their numbers mean nothing here)."""
 
@@ -126,7 +136,7 @@ class FakeCard:
         self.device_name = "fake GPU"
         self.sm_count, self.arch, self.total_bytes = 132, 90, 80 << 30
         self.l2_bytes = 60 << 20  # the H200's
-        self.stream = _Sync()
+        self.stream = FakeStream(self)
         self.launches: list[tuple[str, Any, Any, int]] = []
         self.graphs: list[FakeGraph] = []
         self.launch_args: list[tuple[str, tuple[Any, ...]]] = []  # (kernel, its arguments) per launch
@@ -175,6 +185,9 @@ class FakeCard:
 
     def event(self) -> FakeEvent:
         return FakeEvent()
+
+    def new_stream(self) -> FakeStream:
+        return FakeStream(self)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -81,7 +81,8 @@ def test_a_batched_step_launches_each_mixer_once_with_its_rows_slots(demo, kv):
 
 def test_the_step_record_holds_every_slots_position_rope_position_and_mask_entry(demo):
     """The step buffer a batched step uploads: [slot][pos, 1], then [slot][t, h, w] (the next rope position, past
-    an image's shift), the rows' slots, then each slot's mask entry (NO_MASK unless given)."""
+    an image's shift), the rows' slots, then each slot's mask entry (NO_MASK: a masked step uploads its slots'
+    entries after its forward pass)."""
     from engine.cuda.slot_batch import ROPE_INTS, STEP_INTS
     from engine.cuda.token_masks import NO_MASK
 
@@ -91,14 +92,14 @@ def test_the_step_record_holds_every_slots_position_rope_position_and_mask_entry
     for slot, n in enumerate((3, 5, 2)):
         dec.prefill_slot(slot, list(range(4, 4 + n)))
     dec.seqs[1].rope_shift = -2  # as after an image
-    dec._write_steps([2, 0], {0: 7})
+    dec._write_steps([2, 0])
     host = dec._host_steps
     assert host[: STEP_INTS * 3].reshape(3, STEP_INTS).tolist() == [[3, 1], [5, 1], [2, 1]]
     rope = host[STEP_INTS * 3 : (STEP_INTS + ROPE_INTS) * 3].reshape(3, ROPE_INTS)
     assert rope.tolist() == [[3] * 3, [3] * 3, [2] * 3]
     rows_at = (STEP_INTS + ROPE_INTS) * 3
     assert host[rows_at : rows_at + 2].tolist() == [2, 0]
-    assert host[dec._masks_at : dec._masks_at + 3].tolist() == [7, NO_MASK, NO_MASK]
+    assert host[dec._masks_at : dec._masks_at + 3].tolist() == [NO_MASK] * 3
 
 
 def test_slot_layout_constants_mirror_common_cuh():

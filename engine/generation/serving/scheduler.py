@@ -39,6 +39,7 @@ from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import (ImagePrefill, Pick, SlotBackend, SlotRequest, StepLauncher, launches_steps,
                                      supports_images)
 from engine.generation.tokenizer import Tokenizer
+from engine.generation.token_mask import TokenMask
 from engine.generation.serving.early_launch import UNSURE, next_feed
 from engine.generation.serving.generation_job import Failed, Job, JobOutput, Progress
 from engine.generation.serving.multimodal_chat import IMAGES_UNSUPPORTED
@@ -227,25 +228,35 @@ class Scheduler:
             self._take_launched()
             return
         decoding = [s for s in self.slots if s.decoding]
-        masks = {}
-        for s in list(decoding):
-            try:  # a grammar that fails ends its own job only
-                mask = s.output.next_mask()  # type: ignore[union-attr]
-            except Exception as err:
-                self._fail(s, err)
-                decoding.remove(s)
-                continue
-            if mask is not None:
-                masks[s.index] = mask
         if not decoding:
             return
+        failed: dict[int, Exception] = {}
+
+        def step_masks() -> dict[int, TokenMask]:
+            """The masked slots' masks, computed when the backend calls for them (the CUDA backend: once the
+            step's forward pass is on the card, so the grammars' work overlaps it)."""
+            masks = {}
+            for s in decoding:
+                try:  # a grammar that fails ends its own job only
+                    mask = s.output.next_mask()  # type: ignore[union-attr]
+                except Exception as err:
+                    failed[s.index] = err
+                    continue
+                if mask is not None:
+                    masks[s.index] = mask
+            return masks
+
         feeds = {s.index: s.next_token for s in decoding}
+        masked = any(s.output.masked for s in decoding)  # type: ignore[union-attr]
         try:
-            picks = self.backend.step(feeds, masks)  # type: ignore[arg-type]
+            picks = self.backend.step(feeds, step_masks if masked else None)  # type: ignore[arg-type]
         except Exception as err:
             for s in decoding:
                 self._fail(s, err)
             return
+        for s in [s for s in decoding if s.index in failed]:  # fed, so their state moved on: reset by _fail
+            decoding.remove(s)
+            self._fail(s, failed[s.index])
         self._take_step(decoding, feeds, picks)  # type: ignore[arg-type]
 
     def _take_launched(self) -> None:

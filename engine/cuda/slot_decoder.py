@@ -353,12 +353,13 @@ class SlotDecoder:
         if masks and self.sampling is not None:
             self._queue_masked(slots, feeds, hidden, masks)
         else:
-            self._queue_rows(slots, feeds, hidden, self._graph(len(slots)))
+            self._queue_rows(slots, feeds, hidden, self._graph(len(slots)), self._host_steps)
         return slots
 
     def _queue_rows(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None,
-                    graph: DecodeGraph) -> None:
-        """The step's record (every slot's mask entry NO_MASK) and its rows' inputs, then `graph`."""
+                    graph: DecodeGraph, record: np.ndarray) -> None:
+        """The step's record (`record`: the host's step buffer, every slot's mask entry NO_MASK, or the part
+        before the entries) and its rows' inputs, then `graph`."""
         self._write_steps(slots)
         if self.fwd.heads:
             self.gaps.started()
@@ -368,7 +369,7 @@ class SlotDecoder:
             self.fwd.ids.view(0, 4 * len(slots)).upload_async(self._host_ids[: len(slots)])
         else:
             self.fwd.h.view(0, hidden.nbytes).upload_async(hidden)
-        self.steps.upload_async(self._host_steps)
+        self.steps.view(0, record.nbytes).upload_async(record)
         self.card.replay(graph.graph)
         for slot in slots:
             self.seqs[slot].next_position += 1
@@ -380,16 +381,17 @@ class SlotDecoder:
         while the host looked the masks up and uploaded them): the forward pass's graph goes first; then the
         masks (computed now when `masks` is a callable: the grammars' work) are looked up in the pool, their
         uploads queued on the mask stream, which waits only for the work queued before this step (so no earlier
-        step's sampler reads an entry while it is rewritten); then, after those uploads, the slots' pool entries
-        and every row's picks, launched directly rather than from a second graph per width (they are queued
-        long before the forward pass ends). Should the masks fail, the step still ends (unmasked rows) before
-        the error goes on, so nothing queued reads host memory the next step rewrites."""
+        step's sampler reads an entry while it is rewritten) and followed there by the slots' pool entries (the
+        record the card's stream uploads stops short of them); then, after those uploads, every row's picks,
+        launched directly rather than from a second graph per width (they are queued long before the forward
+        pass ends). Should the masks fail, the step still ends (under the masks looked up so far) before the error
+        goes on, so nothing queued reads host memory the next step rewrites."""
         width = len(slots)
         forward = self._forward_graphs.get(width)
         if forward is None:  # captured before the event below is recorded: a capture would take the record in
             forward = self._forward_graphs[width] = DecodeGraph(self.fwd, self.batch, None, width)
         self._forward_queued.record()
-        self._queue_rows(slots, feeds, hidden, forward)
+        self._queue_rows(slots, feeds, hidden, forward, self._host_steps[: self._masks_at])
         entries = self._host_entries
         entries[:] = NO_MASK
         failed = True
@@ -399,9 +401,9 @@ class SlotDecoder:
                 entries[slot] = self.sampling.masks.entry(mask, self._mask_stream)
             failed = False
         finally:
+            self.steps.view(4 * self._masks_at, entries.nbytes).upload_async(entries, self._mask_stream)
             self._masks_uploaded.record(self._mask_stream)
             self.card.stream.wait_for(self._masks_uploaded)
-            self.steps.view(4 * self._masks_at, entries.nbytes).upload_async(entries)
             pick_launches(self.fwd, self.batch, self.sampling, width)
             if failed:
                 self.gaps.interrupt()

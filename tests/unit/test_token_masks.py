@@ -165,12 +165,14 @@ def test_the_constrained_step_bench_counts_what_crosses_pcie(demo):
     card = FakeCard()
     cfg = demo.config
     dec = SlotDecoder(card, cfg, upload_weights(card, demo.file, cfg), context=64, slots=4, chunk=16)
-    r = constrained_step_costs(dec, (1, 4), depth=8, steps=10)
+    r = constrained_step_costs(dec, (1, 4), depth=8, steps=12)  # 4 rounds of 3 timed steps per kind
     wide = r["widths"]["4"]
     words = 4 * -(-cfg.vocab_size // 32)
-    assert wide["mask_fresh"]["mask_uploads"] == 40 and wide["mask_repeating"]["mask_uploads"] == 0
+    assert r["steps"] == 12 and r["rounds"] == 4
+    assert wide["mask_fresh"]["mask_uploads"] == 48 and wide["mask_repeating"]["mask_uploads"] == 0
+    assert wide["split_no_mask"]["mask_uploads"] == 0 and wide["split_no_mask"]["h2d_bytes_per_token"] < 200
     assert wide["mask_fresh"]["h2d_bytes_per_token"] >= words
     assert wide["plain"]["h2d_bytes_per_token"] < 200 and wide["plain"]["d2h_bytes_per_token"] == 4
     assert wide["logprobs_top20"]["d2h_bytes_per_token"] > wide["plain"]["d2h_bytes_per_token"]
     assert wide["plain"]["card_idle_us_per_step"] == 1000.0  # the stand-in's events: 1 ms between any two
-    assert len(render_constrained(r)) == 1 + 2 * 5
+    assert len(render_constrained(r)) == 1 + 2 * 6

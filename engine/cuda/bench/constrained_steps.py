@@ -2,18 +2,25 @@
 ≤ 1.05× a plain step and ≤ 8 KB per token).
 
 Every kind steps the same slots at the same depth through `SlotDecoder.step` (the host's work included: the
-mask's digest, the step buffer, the read-back), greedy, timed over `steps` steps after an untimed one. The
-card's idle time between steps (engine.cuda.step_gaps) is the host's share of a step. The bytes are the card's
-own counters of what went up and came down (engine.cuda.driver) over the timed steps.
-Masks are random bitsets made before timing (a grammar's own cost is the host's, not the step's):
-"repeating" cycles each row through 8 masks, as a grammar's states repeat (the pool uploads each once);
-"fresh" gives every row a new mask every step, the worst case (every step uploads them all).
+mask's lookup, the step buffer, the read-back), greedy, timed over `steps` steps in all. The kinds take turns in
+`rounds` rounds (each an untimed step, then its share of the timed ones), so that a drift in the machine's
+state spreads over every kind instead of landing on the last ones (on 2026-12-04, in s19a's second run of
+0c3f290, with the kinds one after another, the plain step at 4 rows read 58 µs of card idle time a step and
+logit_bias, which adds no host work, 129). The card's idle time between steps (engine.cuda.step_gaps) is the
+host's share of a step. The bytes are the card's own counters of what went up and came down
+(engine.cuda.driver) over the timed steps.
+Masked steps are taken in two parts (`SlotDecoder._queue_masked`: the forward pass, then the picks after the
+masks' uploads); "split_no_mask" takes them so with no mask, which prices the split alone. Masks are random
+bitsets made before timing (a grammar's own cost is the host's, not the step's): "repeating" cycles each row
+through 8 masks, as a grammar's states repeat (the pool uploads each once); "fresh" gives every row a new mask
+every step, the worst case (every step uploads them all).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -22,45 +29,86 @@ from engine.cuda.bench.slot_depth import slots_at_depth
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.generation.token_mask import MAX_LOGIT_BIAS, TokenMask, mask_of
+from engine.generation.token_mask import MAX_LOGIT_BIAS, StepMasks, mask_of, masks_now
 
 GREEDY = SamplingParams(temperature=0.0)
 REPEATING_MASKS = 8
 
 
-def constrained_step_costs(dec: SlotDecoder, widths: tuple[int, ...], depth: int, steps: int) -> dict[str, Any]:
+def constrained_step_costs(dec: SlotDecoder, widths: tuple[int, ...], depth: int, steps: int,
+                           rounds: int = 4) -> dict[str, Any]:
     """Per width: each kind's µs per step, its ratio to the plain step, and bytes per token each way."""
     vocab = dec.config.vocab_size
     rng = np.random.default_rng(28)
     bias = {int(t): 1.0 for t in rng.choice(vocab, MAX_LOGIT_BIAS, replace=False)}
     cycle = [mask_of(rng.random(vocab) < 0.5) for _ in range(REPEATING_MASKS)]
+    per_round = -(-steps // rounds)
     out: dict[str, Any] = {}
     for width in widths:
-        fresh = [[mask_of(rng.random(vocab) < 0.5) for _ in range(width)] for _ in range(steps + 1)]
-        kinds: dict[str, tuple[SlotRequest, Callable[[int, int], TokenMask] | None]] = {
+        # every step of every round gets new masks: a round must not find the last round's in the pool
+        fresh = [[mask_of(rng.random(vocab) < 0.5) for _ in range(width)] for _ in range(rounds * (per_round + 1))]
+        rows = range(width)
+        masked = SlotRequest(GREEDY, (), masked=True)
+        kinds: dict[str, tuple[SlotRequest, MasksOf | None]] = {
             "plain": (SlotRequest(GREEDY, ()), None),
             "logprobs_top20": (SlotRequest(GREEDY, (), logprobs=20), None),
             "logit_bias_300": (SlotRequest(GREEDY, (), logit_bias=bias), None),
-            "mask_repeating": (SlotRequest(GREEDY, (), masked=True), lambda step, row: cycle[(step + row) % len(cycle)]),
-            "mask_fresh": (SlotRequest(GREEDY, (), masked=True), lambda step, row: fresh[step][row]),
+            # a masked step whose masks come to nothing: what taking the step in two parts costs by itself
+            "split_no_mask": (masked, lambda step: lambda: {}),
+            "mask_repeating": (masked, lambda step: {row: cycle[(step + row) % len(cycle)] for row in rows}),
+            "mask_fresh": (masked, lambda step: {row: fresh[step][row] for row in rows}),
         }
-        runs = {name: _timed_steps(dec, width, depth, steps, request, mask) for name, (request, mask) in kinds.items()}
+        totals = {name: _StepTotals() for name in kinds}
+        for r in range(rounds):
+            for name, (request, mask) in kinds.items():
+                totals[name].add(_timed_steps(dec, width, depth, per_round, r * (per_round + 1), request, mask))
+        runs = {name: t.result(width) for name, t in totals.items()}
         plain = runs["plain"]["us_per_step"]
         out[str(width)] = {name: {**r, "vs_plain": r["us_per_step"] / plain} for name, r in runs.items()}
-    return {"depth": depth, "steps": steps, "vocab": vocab, "widths": out}
+    return {"depth": depth, "steps": per_round * rounds, "rounds": rounds, "vocab": vocab, "widths": out}
 
 
-def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, request: SlotRequest,
-                 mask: Callable[[int, int], TokenMask] | None) -> dict[str, float]:
+MasksOf = Callable[[int], StepMasks]  # step → that step's masks
+
+
+@dataclass
+class _StepTotals:
+    """One kind's timed steps summed over the rounds."""
+
+    seconds: float = 0.0
+    steps: int = 0
+    idle_ms: float = 0.0
+    gaps: int = 0
+    up: int = 0
+    down: int = 0
+    uploads: int = 0
+
+    def add(self, other: _StepTotals) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def result(self, width: int) -> dict[str, float]:
+        tokens = self.steps * width
+        return {"us_per_step": 1e6 * self.seconds / self.steps,
+                # the card's own clock between one step's read-back and the next step's first upload: the host's share
+                "card_idle_us_per_step": 1e3 * self.idle_ms / max(self.gaps, 1),
+                "h2d_bytes_per_token": self.up / tokens, "d2h_bytes_per_token": self.down / tokens,
+                "mask_uploads": self.uploads}
+
+
+def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, first: int, request: SlotRequest,
+                 masks_of: MasksOf | None) -> _StepTotals:
+    """`steps` timed steps of `width` slots after an untimed one; masks from step index `first` on."""
     card = dec.card
     rows = list(range(width))
 
-    def masks(step: int) -> dict[int, TokenMask] | None:
-        return {row: mask(step, row) for row in rows} if mask is not None else None
+    def masks(step: int) -> StepMasks | None:
+        return masks_of(first + step) if masks_of is not None else None
 
     with slots_at_depth(dec, width, depth):
+        firsts = masks_now(masks(0))
         for row in rows:
-            dec.begin(row, request, mask(0, row) if mask is not None else None)
+            dec.begin(row, request, firsts.get(row))
         feeds = {row: 1 for row in rows}
         dec.step(feeds, masks(0))  # captures the width's graph
         up, down, uploads = card.h2d_bytes, card.d2h_bytes, dec.sampling.masks.uploads
@@ -69,13 +117,8 @@ def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, request: 
         for step in range(1, steps + 1):
             feeds = {row: max(p.token, 0) for row, p in dec.step(feeds, masks(step)).items()}
         seconds = time.perf_counter() - t0
-    tokens = steps * width
-    # the card's own clock between one step's read-back and the next step's first upload: the host's share
-    idle_us = 1e3 * (dec.gaps.idle_ms - idle_ms) / max(dec.gaps.steps - gaps, 1)
-    return {"us_per_step": 1e6 * seconds / steps, "card_idle_us_per_step": idle_us,
-            "h2d_bytes_per_token": (card.h2d_bytes - up) / tokens,
-            "d2h_bytes_per_token": (card.d2h_bytes - down) / tokens,
-            "mask_uploads": dec.sampling.masks.uploads - uploads}
+    return _StepTotals(seconds, steps, dec.gaps.idle_ms - idle_ms, dec.gaps.steps - gaps, card.h2d_bytes - up,
+                       card.d2h_bytes - down, dec.sampling.masks.uploads - uploads)
 
 
 def render_constrained(r: dict[str, Any]) -> list[str]:

@@ -3,7 +3,7 @@
 
 Every kind steps the same slots at the same depth through `SlotDecoder.step` (the host's work included: the
 mask's lookup, the step buffer, the read-back), greedy, timed over `steps` steps in all. The kinds take turns in
-`rounds` rounds (each an untimed step, then its share of the timed ones), so that a drift in the machine's
+`rounds` rounds (each WARM_STEPS untimed steps, then its share of the timed ones), so that a drift in the machine's
 state spreads over every kind instead of landing on the last ones (on 2026-12-04, in s19a's second run of
 0c3f290, with the kinds one after another, the plain step at 4 rows read 58 µs of card idle time a step and
 logit_bias, which adds no host work, 129). The card's idle time between steps (engine.cuda.step_gaps) is the
@@ -33,6 +33,10 @@ from engine.generation.token_mask import MAX_LOGIT_BIAS, StepMasks, mask_of, mas
 
 GREEDY = SamplingParams(temperature=0.0)
 REPEATING_MASKS = 8
+# untimed steps at the start of each kind's round: as many as the repeating masks, so that every one of them is
+# in the pool again before timing (the fresh kind's round before evicts them all: in s19b, with one untimed
+# step, the repeating kind re-uploaded them during its timed steps, 1,515 bytes a token against 545)
+WARM_STEPS = REPEATING_MASKS
 
 
 def constrained_step_costs(dec: SlotDecoder, widths: tuple[int, ...], depth: int, steps: int,
@@ -46,7 +50,8 @@ def constrained_step_costs(dec: SlotDecoder, widths: tuple[int, ...], depth: int
     out: dict[str, Any] = {}
     for width in widths:
         # every step of every round gets new masks: a round must not find the last round's in the pool
-        fresh = [[mask_of(rng.random(vocab) < 0.5) for _ in range(width)] for _ in range(rounds * (per_round + 1))]
+        fresh = [[mask_of(rng.random(vocab) < 0.5) for _ in range(width)]
+                 for _ in range(rounds * (WARM_STEPS + per_round))]
         rows = range(width)
         masked = SlotRequest(GREEDY, (), masked=True)
         kinds: dict[str, tuple[SlotRequest, MasksOf | None]] = {
@@ -61,7 +66,7 @@ def constrained_step_costs(dec: SlotDecoder, widths: tuple[int, ...], depth: int
         totals = {name: _StepTotals() for name in kinds}
         for r in range(rounds):
             for name, (request, mask) in kinds.items():
-                totals[name].add(_timed_steps(dec, width, depth, per_round, r * (per_round + 1), request, mask))
+                totals[name].add(_timed_steps(dec, width, depth, per_round, r * (WARM_STEPS + per_round), request, mask))
         runs = {name: t.result(width) for name, t in totals.items()}
         plain = runs["plain"]["us_per_step"]
         out[str(width)] = {name: {**r, "vs_plain": r["us_per_step"] / plain} for name, r in runs.items()}
@@ -98,7 +103,7 @@ class _StepTotals:
 
 def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, first: int, request: SlotRequest,
                  masks_of: MasksOf | None) -> _StepTotals:
-    """`steps` timed steps of `width` slots after an untimed one; masks from step index `first` on."""
+    """`steps` timed steps of `width` slots after WARM_STEPS untimed ones; masks from step index `first` on."""
     card = dec.card
     rows = list(range(width))
 
@@ -110,11 +115,12 @@ def _timed_steps(dec: SlotDecoder, width: int, depth: int, steps: int, first: in
         for row in rows:
             dec.begin(row, request, firsts.get(row))
         feeds = {row: 1 for row in rows}
-        dec.step(feeds, masks(0))  # captures the width's graph
+        for step in range(WARM_STEPS):  # the first captures the width's graph
+            feeds = {row: max(p.token, 0) for row, p in dec.step(feeds, masks(step)).items()}
         up, down, uploads = card.h2d_bytes, card.d2h_bytes, dec.sampling.masks.uploads
         idle_ms, gaps = dec.gaps.idle_ms, dec.gaps.steps
         t0 = time.perf_counter()
-        for step in range(1, steps + 1):
+        for step in range(WARM_STEPS, WARM_STEPS + steps):
             feeds = {row: max(p.token, 0) for row, p in dec.step(feeds, masks(step)).items()}
         seconds = time.perf_counter() - t0
     return _StepTotals(seconds, steps, dec.gaps.idle_ms - idle_ms, dec.gaps.steps - gaps, card.h2d_bytes - up,

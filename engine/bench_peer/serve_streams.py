@@ -9,6 +9,8 @@ as many slots as the widest stream count, and times greedy streaming chat comple
 official client (engine.bench_peer.stream_timing). Per stream count: one untimed warm-up round (it
 captures that batch width's step graph), then `--reps` rounds, the median round by aggregate reported.
 `--bench-json` (a `rigllm bench --json` file of the same card) adds the bench's numbers and the ratio.
+`--response-format json_object` asks every stream for JSON: each step of its slot is then a masked one (the
+grammar's mask made on the server's host every step), which is what the card's idle time per step shows.
 
 The decode here starts at the prompt's depth (a few dozen tokens), not at 512: on the 9B shape the
 KV cache read at 512 tokens is a fraction of a percent of the weight reads, so the depths compare.
@@ -60,6 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=Path(os.environ.get("OUT", ".")) / "serve-streams.json",
                    help="results file (default $OUT/serve-streams.json)")
     p.add_argument("--log", type=Path, help="the server's output (default: beside --json, .server.log)")
+    p.add_argument("--response-format", choices=("text", "json_object"), default="text",
+                   help="json_object: every stream decodes under a JSON grammar's masks")
     return p
 
 
@@ -72,26 +76,27 @@ def model_file(shape: str, weights: str, folder: Path) -> Path:
 
 
 def measure(model: Path, backend: str, streams: tuple[int, ...], max_tokens: int, reps: int, context: int,
-            log: Path) -> dict[int, dict[str, Any]]:
+            log: Path, response_format: dict[str, Any] | None = None) -> dict[int, dict[str, Any]]:
     """Per stream count: the median round (by aggregate tokens/s) of `reps`, with every round's aggregate."""
     with serving(model, backend, max(streams), context, log) as base_url:
         with openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0) as client:
             model_id = client.models.list().data[0].id
         results = {}
         for n in streams:
-            concurrent_round(base_url, model_id, n, WARMUP_TOKENS)
-            rounds = sorted((timed_round(base_url, model_id, n, max_tokens) for _ in range(reps)),
+            concurrent_round(base_url, model_id, n, WARMUP_TOKENS, response_format)
+            rounds = sorted((timed_round(base_url, model_id, n, max_tokens, response_format) for _ in range(reps)),
                             key=lambda r: r["aggregate_tokens_per_s"] or 0.0)
             results[n] = {**rounds[len(rounds) // 2],
                           "aggregate_runs": [r["aggregate_tokens_per_s"] for r in rounds]}
     return results
 
 
-def timed_round(base_url: str, model_id: str, streams: int, max_tokens: int) -> dict[str, Any]:
+def timed_round(base_url: str, model_id: str, streams: int, max_tokens: int,
+                response_format: dict[str, Any] | None = None) -> dict[str, Any]:
     """One round's summary, with the card's idle time between its decode steps when the server reports it
     (/metrics' rigllm_decode_idle_seconds over rigllm_decode_steps_followed, read before and after)."""
     before = decode_idle(base_url)
-    summary = summarize(concurrent_round(base_url, model_id, streams, max_tokens), max_tokens)
+    summary = summarize(concurrent_round(base_url, model_id, streams, max_tokens, response_format), max_tokens)
     after = decode_idle(base_url)
     if before is not None and after is not None and after[0] > before[0]:
         steps, seconds = after[0] - before[0], after[1] - before[1]
@@ -130,7 +135,8 @@ def with_bench(results: dict[int, dict[str, Any]], bench: dict[int, float]) -> N
 def render_table(result: dict[str, Any]) -> str:
     """The short table printed last."""
     lines = [f"rigllm serve, {result['shape']} {result['weights']}, {result['backend']} backend, "
-             f"{result['slots']} slots, max_tokens {result['max_tokens']} (median of {result['reps']} rounds)",
+             f"{result['slots']} slots, max_tokens {result['max_tokens']}, {result.get('response_format', 'text')} "
+             f"(median of {result['reps']} rounds)",
              "streams   aggregate t/s   per stream t/s   tokens   short   bench t/s   serve/bench   idle us/step"]
     for n, r in result["streams"].items():
         agg, per = r["aggregate_tokens_per_s"], r["per_stream_mean_tokens_per_s"]
@@ -152,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     model = model_file(args.shape, args.weights, args.models_dir)
     log = args.log or args.json.with_suffix(".server.log")
     context = PROMPT_ROOM + args.max_tokens
-    streams = measure(model, args.backend, args.streams, args.max_tokens, args.reps, context, log)
+    response_format = None if args.response_format == "text" else {"type": args.response_format}
+    streams = measure(model, args.backend, args.streams, args.max_tokens, args.reps, context, log, response_format)
     if args.bench_json:
         with_bench(streams, bench_streams(args.bench_json))
     result = {
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpus": gpu_state(), "kernel_dir": os.environ.get("RIGLLM_KERNEL_DIR"),
         "shape": args.shape, "weights": args.weights, "model": model.name, "backend": args.backend,
         "slots": max(args.streams), "context": context, "max_tokens": args.max_tokens,
-        "reps": args.reps, "prompt": PROMPT, "bench_json": str(args.bench_json) if args.bench_json else None,
+        "reps": args.reps, "prompt": PROMPT, "response_format": args.response_format, "bench_json": str(args.bench_json) if args.bench_json else None,
         "streams": streams,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

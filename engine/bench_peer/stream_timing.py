@@ -9,9 +9,8 @@ the server interleaves with decoding, fall inside that window, as they do for re
 Token counts come from the usage chunk (`stream_options.include_usage`): a chunk may hold several tokens,
 or none while the detokenizer waits for a character's remaining bytes. Counted chunks stand in only
 where a server sends no usage. A stream that stops before `max_tokens` (a random-weight model may pick
-its end token) is reported as such, not padded: the server has no field that forbids the end token
-(its `logit_bias` could ban it, but a biased job picks on the host from each step's logits row, a
-slower path than the one `rigllm bench` times).
+its end token) is reported as such, not padded. A round may ask for JSON (`response_format`): each stream then
+decodes under a grammar's token masks, which the server computes on its host every step.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ import openai
 
 from engine.errors import RigllmError
 
-# Thinking off through the template, not `reasoning_effort="none"`: that sets a thinking budget of 0, and a
-# job with a budget takes each step's logits row to the host (scheduler._needs_logits), a slower path.
+# Thinking off through the template, not `reasoning_effort="none"`: that sets a thinking budget of 0, which
+# makes every job a masked one (its forced `</think>` is a mask), not what a plain round times.
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 PROMPT = "Stream {index}: tell a long story about a lighthouse keeper and the ships she guides."
 CLIENT_TIMEOUT_S = 600.0
@@ -62,8 +61,11 @@ def _carries_tokens(chunk: Any) -> bool:
     return bool(delta.content or getattr(delta, "reasoning_content", None) or delta.tool_calls)
 
 
-def one_stream(base_url: str, model: str, index: int, max_tokens: int, start: threading.Barrier) -> StreamTiming:
-    """Stream one chat completion (greedy, thinking off) once every stream of the round is ready."""
+def one_stream(base_url: str, model: str, index: int, max_tokens: int, start: threading.Barrier,
+               response_format: dict[str, Any] | None = None) -> StreamTiming:
+    """Stream one chat completion (greedy, thinking off, under `response_format` when given) once every stream of
+    the round is ready."""
+    extra = {} if response_format is None else {"response_format": response_format}
     first = last = None
     chunks, usage, finish = 0, None, None
     with openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0, timeout=CLIENT_TIMEOUT_S) as client:
@@ -71,7 +73,7 @@ def one_stream(base_url: str, model: str, index: int, max_tokens: int, start: th
         sent = time.perf_counter()
         stream = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": PROMPT.format(index=index)}], max_tokens=max_tokens,
-            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=NO_THINKING)
+            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=NO_THINKING, **extra)
         for chunk in stream:
             if _carries_tokens(chunk):
                 last = time.perf_counter()
@@ -87,11 +89,13 @@ def one_stream(base_url: str, model: str, index: int, max_tokens: int, start: th
                         usage.prompt_tokens if usage else None, "usage" if usage else "chunks", finish)
 
 
-def concurrent_round(base_url: str, model: str, streams: int, max_tokens: int) -> list[StreamTiming]:
+def concurrent_round(base_url: str, model: str, streams: int, max_tokens: int,
+                     response_format: dict[str, Any] | None = None) -> list[StreamTiming]:
     """`streams` concurrent streams, one thread and client each; a stream's failure is raised here."""
     start = threading.Barrier(streams)
     with ThreadPoolExecutor(max_workers=streams) as pool:
-        futures = [pool.submit(one_stream, base_url, model, i, max_tokens, start) for i in range(streams)]
+        futures = [pool.submit(one_stream, base_url, model, i, max_tokens, start, response_format)
+                   for i in range(streams)]
         return [f.result() for f in futures]
 
 

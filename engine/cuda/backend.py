@@ -274,8 +274,16 @@ class CudaBackend:
         and is taken whole: False)."""
         return len(self.stages) == 1 and self._on_last(lambda dec: dec.launch(feeds, masks))
 
+    def launch_forward(self, feeds: Mapping[int, int]) -> bool:
+        """`MaskedStepLauncher`: queue a masked step's forward pass without waiting (one card, as `launch`)."""
+        return len(self.stages) == 1 and self._on_last(lambda dec: dec.launch_forward(feeds))
+
+    def launch_picks(self, masks: StepMasks) -> None:
+        """The picks of the step `launch_forward` queued, under `masks`."""
+        self._on_last(lambda dec: dec.launch_picks(masks))
+
     def collect(self) -> dict[int, Pick]:
-        """The picks of the step `launch` queued."""
+        """The picks of the step `launch` (or `launch_forward`) queued."""
         return self._on_last(lambda dec: dec.collect())
 
     @property

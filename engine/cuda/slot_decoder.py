@@ -73,7 +73,7 @@ class DecodeGraph:
     and skip the rest (sampling.cu's greedy exit). So one graph serves any set of slots in any mix of modes
     (issue 28: keyed by slot sets and modes, 4 slots had 80 possible graphs, 8 slots 6,560). Logprobs return
     at once for rows whose slot did not ask for them. Without `sampling` the graph is the forward pass alone
-    (a card without the head, or a masked step's first part: `SlotDecoder._queue_masked`)."""
+    (a card without the head, or a masked step's first part: `SlotDecoder._queue_forward`)."""
 
     def __init__(self, fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int):
         self.fwd, self.card = fwd, fwd.card
@@ -143,12 +143,14 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: dict[int, DecodeGraph] = {}  # by batch width
-        self._forward_graphs: dict[int, DecodeGraph] = {}  # by batch width, for masked steps (`_queue_masked`)
+        self._forward_graphs: dict[int, DecodeGraph] = {}  # by batch width, for masked steps (`_queue_forward`)
         if self.sampling is not None:  # a masked step's mask uploads overlap its forward pass on their own stream
             self._mask_stream = card.new_stream()
             self._forward_queued, self._masks_uploaded = card.event(), card.event()
             self._host_entries = card.pinned(slots, np.int32)
         self._queued: tuple[list[int], set[int]] = ([], set())  # the last queued step's slots, and those with logprobs
+        # a masked step's slots and feeds between `launch_forward` and `launch_picks` (None: no such step)
+        self._forward_only: tuple[list[int], Mapping[int, int]] | None = None
         self.gaps = StepGaps(card)
         self._warm_up()
         self.verifier = (StageVerifier(self.fwd, self.seqs, draft_tokens)
@@ -222,6 +224,7 @@ class SlotDecoder:
         `hidden` ([n][D] fp32 host rows from the previous card). A card without the head copies its hidden
         rows into `out` and waits until they are there (the host fence before the next card reads them).
         `positions` ([n][3]) and `embedded` ((first row, [k][D] rows), first card only): an image chunk."""
+        self._no_forward_only("a prefill chunk")
         n = len(ids)
         if self.fwd.embeds:
             self.fwd.ids.view(0, 4 * n).upload(np.asarray(ids, dtype=np.int32))
@@ -245,6 +248,7 @@ class SlotDecoder:
     def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
         """Set up the slot's sampler (parameters, logit_bias and the penalty history on the device) and pick from
         the prefill's logits (row 0), among the tokens `mask` allows."""
+        self._no_forward_only("a request's first pick")
         self.gaps.interrupt()
         sampler, params = self.samplers[slot], request.params
         self._host_logits[slot] = request.host_logits
@@ -282,7 +286,7 @@ class SlotDecoder:
              hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
         """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
         a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
-        head; a masked step in two parts, `_queue_masked`); on a speculating card a slot fed alone may take a
+        head; a masked step in two parts, `_queue_forward` then `_queue_masked_picks`); on a speculating card a slot fed alone may take a
         speculative round instead (never a masked one)."""
         slot = self.lone_slot(feeds, masks)
         if slot is not None and self.fwd.embeds:  # the whole model on this card: the round is this card's alone
@@ -331,7 +335,7 @@ class SlotDecoder:
     def launch(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> bool:
         """Queue a plain step over `feeds` on the card and return at once, so the host can work on the previous
         step's text meanwhile (issue 28 item 4); `collect` returns its picks. A callable `masks` is called
-        before this returns, once the step's forward pass is queued (`_queue_masked`). Until then the host may queue
+        before this returns, once the step's forward pass is queued (`_queue_masked_picks`). Until then the host may queue
         other work (prefill chunks, a request's first pick: they run after the step on the card's stream) but
         no other step. False, with nothing queued, when the step must be taken whole with `step`: a slot fed
         alone that speculates, a slot that wants its logits rows (they are read after the step), or a card
@@ -343,15 +347,33 @@ class SlotDecoder:
         self._queue_picks(self._queue_step(feeds, None, masks), feeds)
         return True
 
+    def launch_forward(self, feeds: Mapping[int, int]) -> bool:
+        """Queue a masked step's forward pass over `feeds` and return at once, before its masks can be known (the
+        grammars take the previous step's picks in the host's text work, which then runs while the card computes);
+        `launch_picks` queues its picks and `collect` returns them. Nothing else may be queued in between but
+        `reset_slot` (the picks read the pass's logits rows). False, with nothing queued, where `launch` would be."""
+        if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):
+            return False
+        slots = self._step_slots(feeds)
+        self._queue_forward(slots, feeds, None)
+        self._forward_only = (slots, feeds)
+        return True
+
+    def launch_picks(self, masks: StepMasks) -> None:
+        """The picks of the step `launch_forward` queued, under `masks` (`_queue_masked_picks`)."""
+        if self._forward_only is None:
+            raise RigllmError("launch_picks without a forward pass queued by launch_forward")
+        (slots, feeds), self._forward_only = self._forward_only, None
+        self._queue_masked_picks(slots, masks)
+        self._queue_picks(slots, feeds)
+
     def _queue_step(self, feeds: Mapping[int, int], hidden: np.ndarray | None, masks: StepMasks | None) -> list[int]:
-        """Upload a step's record and replay its graph (a masked step on the card with the head: `_queue_masked`);
-        the slots in row order."""
-        slots = sorted(feeds)
-        for slot in slots:
-            if self.seqs[slot].next_position >= self.context:
-                raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
+        """Upload a step's record and replay its graph (a masked step on the card with the head: `_queue_forward`,
+        then `_queue_masked_picks`); the slots in row order."""
+        slots = self._step_slots(feeds)
         if masks and self.sampling is not None:
-            self._queue_masked(slots, feeds, hidden, masks)
+            self._queue_forward(slots, feeds, hidden)
+            self._queue_masked_picks(slots, masks)
         else:
             self._queue_rows(slots, feeds, hidden, self._graph(len(slots)), self._host_steps)
         return slots
@@ -374,24 +396,42 @@ class SlotDecoder:
         for slot in slots:
             self.seqs[slot].next_position += 1
 
-    def _queue_masked(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None,
-                      masks: StepMasks) -> None:
-        """A masked step in two parts, so that the host's share of it runs while the card runs the forward pass
-        instead of before it (issue 28: with a fresh mask in each of 4 rows the card sat idle 214-220 µs a step
-        while the host looked the masks up and uploaded them): the forward pass's graph goes first; then the
-        masks (computed now when `masks` is a callable: the grammars' work) are looked up in the pool, their
-        uploads queued on the mask stream, which waits only for the work queued before this step (so no earlier
-        step's sampler reads an entry while it is rewritten) and followed there by the slots' pool entries (the
-        record the card's stream uploads stops short of them); then, after those uploads, every row's picks,
-        launched directly rather than from a second graph per width (they are queued long before the forward
-        pass ends). Should the masks fail, the step still ends (under the masks looked up so far) before the error
-        goes on, so nothing queued reads host memory the next step rewrites."""
+    def _step_slots(self, feeds: Mapping[int, int]) -> list[int]:
+        """The slots of a step over `feeds`, in row order, once none is full and no masked step awaits its picks."""
+        self._no_forward_only("another step")
+        slots = sorted(feeds)
+        for slot in slots:
+            if self.seqs[slot].next_position >= self.context:
+                raise RigllmError(f"slot {slot} is full ({self.context} tokens)")
+        return slots
+
+    def _no_forward_only(self, what: str) -> None:
+        if self._forward_only is not None:
+            raise RigllmError(f"{what} cannot be queued between a masked step's forward pass and its picks "
+                              "(launch_picks comes first)")
+
+    def _queue_forward(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None) -> None:
+        """A masked step's first part (issue 28: with a fresh mask in each of 4 rows the card sat idle 214-220 µs a
+        step while the host looked the masks up and uploaded them before the step): the step's record without
+        the slots' mask entries, and the graph of the forward pass alone, so that the host computes and looks
+        up the masks while the card runs it (`_queue_masked_picks`)."""
         width = len(slots)
         forward = self._forward_graphs.get(width)
         if forward is None:  # captured before the event below is recorded: a capture would take the record in
             forward = self._forward_graphs[width] = DecodeGraph(self.fwd, self.batch, None, width)
         self._forward_queued.record()
         self._queue_rows(slots, feeds, hidden, forward, self._host_steps[: self._masks_at])
+
+    def _queue_masked_picks(self, slots: list[int], masks: StepMasks) -> None:
+        """A masked step's second part: the masks (computed now when `masks` is a callable: the grammars' work) are
+        looked up in the pool, their uploads queued on the mask stream, which waits only for the work queued
+        before the step's forward pass (so no earlier step's sampler reads an entry while it is rewritten) and
+        followed there by the slots' pool entries (the record the card's stream uploaded stopped short of
+        them); then, after those uploads, every row's picks, launched directly rather than from a second graph
+        per width (they are queued long before the forward pass ends). Should the masks fail, the step still ends
+        (under the masks looked up so far) before the error goes on, so nothing queued reads host memory the next
+        step rewrites."""
+        width = len(slots)
         entries = self._host_entries
         entries[:] = NO_MASK
         failed = True
@@ -449,7 +489,7 @@ class SlotDecoder:
     def _write_steps(self, slots: Sequence[int]) -> None:
         """The host copy of the step buffer for a step over `slots` (row b continues slots[b]): every slot's
         next position with one token, its rope position, the rows' slots, and every slot's mask pool entry
-        (NO_MASK: a masked step uploads its entries after its forward pass, `_queue_masked`)."""
+        (NO_MASK: a masked step uploads its entries after its forward pass, `_queue_masked_picks`)."""
         # whole columns at once: the host writes this before every step while the card waits (a slice assignment
         # per slot and field cost an 8-slot decoder 34 µs a step on the dev machine)
         n, host = len(self.seqs), self._host_steps

@@ -150,6 +150,27 @@ def launches_steps(slots: SlotBackend) -> bool:
     return callable(getattr(slots, "launch", None)) and callable(getattr(slots, "collect", None))
 
 
+class MaskedStepLauncher(StepLauncher, Protocol):
+    """The optional overlap capability for masked steps (`launches_masked_steps`): a step's forward pass queued
+    before its masks are known (they come from the grammars once they have taken the previous step's picks, in
+    the host's text work, which then runs while the device computes), its picks queued once they are."""
+
+    def launch_forward(self, feeds: Mapping[int, int]) -> bool:
+        """Queue the forward pass of a step over `feeds` and return at once; False (nothing queued) when the step
+        must be taken whole with `step`. `launch_picks` must come next: until then the caller may only reset
+        slots (no prefill, first pick or other step)."""
+
+    def launch_picks(self, masks: StepMasks) -> None:
+        """Queue the picks of the step `launch_forward` queued, a slot in `masks` among the tokens its mask
+        allows; `collect` returns them."""
+
+
+def launches_masked_steps(slots: SlotBackend) -> bool:
+    """Does this slot backend have the `MaskedStepLauncher` capability?"""
+    return launches_steps(slots) and all(callable(getattr(slots, name, None))
+                                         for name in ("launch_forward", "launch_picks"))
+
+
 class ImagePrefill(Protocol):
     """The optional image capability of a `SlotBackend` (see `supports_images` before calling)."""
 

@@ -45,3 +45,14 @@ def test_a_server_that_cannot_start_fails_with_its_output(tmp_path):
     with pytest.raises(RigllmError, match="exited with .* before it was ready"):
         with serving(tmp_path / "missing.gguf", "reference", 1, 64, tmp_path / "server.log"):
             pass
+
+
+def test_serve_streams_can_ask_every_stream_for_json(tmp_path):
+    """`--response-format json_object`: every stream decodes under the server's JSON grammar, and the file says so."""
+    out = tmp_path / "serve.json"
+    assert serve_streams.main(["--shape", "demo", "--backend", "reference", "--streams", "2",
+                               "--max-tokens", str(MAX_TOKENS), "--reps", "1", "--json", str(out),
+                               "--response-format", "json_object"]) == 0
+    result = json.loads(out.read_text())
+    assert result["response_format"] == "json_object"
+    assert all(0 < s["completion_tokens"] <= MAX_TOKENS for s in result["streams"]["2"]["per_stream"])

@@ -14,6 +14,8 @@
 #           and on the base tree in one call)
 #   or:     bash tests/gpu/run_h200_session.sh serve     carry [".kbz", ".whl"]   (bench streams vs rigllm serve)
 #   or:     bash tests/gpu/run_h200_session.sh mtp       carry [".kbz", ".whl"]   (speculation, one card and three)
+#   or:     RIGLLM_BASE_COMMIT=abc1234 bash tests/gpu/run_h200_session.sh serve-json   carry [".kbz", ".whl"]   (masked
+#           steps: their GPU and API tests, then JSON-mode streams through rigllm serve, this tree and the base)
 #   or:     bash tests/gpu/run_h200_session.sh q8-sweep  carry [".kbz", ".whl"]   (new Q8_0 GEMV/GDN kernels: their
 #           tests, the T=1..8 sweeps, then the 9B bench with the sweeps' choices; commit the sweeps and edit
 #           engine/cuda/gemv.py to what engine.cuda.bench.gemv_choice picks from them)
@@ -286,6 +288,36 @@ serve)  # issue 28's serve check: the 9B Q8_0 bench (its concurrent_streams), th
         --json "$RES/$DAY-h200-serve-streams-9b-q8_0.json"
     wait
     echo "serve-streams: $(cat "$RES/serve-streams.rc") ($SECONDS s)"; tail -8 "$RES/serve-streams.log" ;;
+serve-json)  # masked steps through `rigllm serve`: the slot, sampling and batch GPU tests and the API suite's JSON and
+        # tool tests on cuda, then 1 and 4 JSON-mode streams (engine.bench_peer.serve_streams --response-format
+        # json_object) through this tree's server and the base tree's (RIGLLM_BASE_COMMIT, .kbz/base-tree.tar.xz with
+        # .kbz/kbuild-base.tar.xz, timed by this tree's client: its bench_peer files are copied over the base's),
+        # then plain streams through this tree's server
+    setup
+    job gpu-masks 150 python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 14 --timeout 150 -p no:benchmark \
+        tests/gpu/test_slots.py tests/gpu/test_sampling.py tests/gpu/test_teeth_batches.py
+    RIGLLM_TEST_BACKEND=cuda job api-json 150 python3 -m pytest -o addopts='' -q -rfE -n 2 --timeout 120 \
+        -k 'json or tool or structured or grammar or schema' tests/api --ignore=tests/api/test_api_schema_fuzz.py
+    # the servers' synthetic 9B GGUF (engine.bench_peer.models), written beside the tests
+    job gguf-9b 240 python3 -c "from pathlib import Path; from engine.bench_peer.models import ensure_model; \
+ensure_model(Path('/tmp/rigllm-peer-models'), '9b', 'q8_0')"
+    wait
+    for name in gpu-masks api-json gguf-9b; do echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"; tail -2 "$RES/$name.log"; done
+    base=/tmp/rigllm-base
+    rm -rf "$base" && mkdir -p "$base/.kbuild" && tar -C "$base" -xJf .kbz/base-tree.tar.xz \
+        && tar -C "$base/.kbuild" -xJf .kbz/kbuild-base.tar.xz && cp engine/bench_peer/*.py "$base/engine/bench_peer/"
+    serve=(python3 -m engine.bench_peer.serve_streams --shape 9b --weights q8_0 --streams 1,4 --max-tokens 256
+           --models-dir /tmp/rigllm-peer-models)
+    job serve-json-new 200 "${serve[@]}" --response-format json_object --json "$RES/$DAY-h200-serve-json-9b-new.json"
+    wait
+    ( cd "$base" && COMMIT=${RIGLLM_BASE_COMMIT:-base} && PYTHONPATH="/tmp/rigllm-site:$base" \
+      RIGLLM_KERNEL_DIR="$base/.kbuild" RIGLLM_COMMIT="$COMMIT" job serve-json-base 150 "${serve[@]}" \
+          --response-format json_object --json "$RES/$DAY-h200-serve-json-9b-base.json"; wait )
+    job serve-text-new $(($(left) - 5)) "${serve[@]}" --json "$RES/$DAY-h200-serve-text-9b-new.json"
+    wait
+    for name in serve-json-new serve-json-base serve-text-new; do
+        echo "$name: $(cat "$RES/$name.rc") ($SECONDS s)"; tail -4 "$RES/$name.log"
+    done ;;
 peer-build)  # the 9B Q8_0 decode bench (one and several streams) first, then the wheel while the 9B GGUF is written
     setup
     job bench-9b-q8_0 150 python3 -m engine.cli bench --synthetic 9b --weights q8_0 --prompts 512 --depths 512,4096 \

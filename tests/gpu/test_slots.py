@@ -216,6 +216,35 @@ def test_masked_and_biased_slots_pick_on_the_card_as_the_host_would(demo):
         gpu.close()
 
 
+def test_a_masked_step_launched_in_parts_picks_what_the_whole_step_picks(demo):
+    """`launch_forward`, then `launch_picks` after the host's text work (the scheduler's way for masked requests:
+    the grammars' masks come after they take the previous picks) picks what `step` picks under the same masks:
+    slots 0 and 1 hold the same prompt and greedy masked requests, slot 0 stepped whole, slot 1 in parts, a new
+    mask every step, each pick among its mask's tokens."""
+    from engine.generation.token_mask import allowed_tokens, mask_of
+
+    vocab = demo.config.vocab_size
+    rng = np.random.default_rng(9)
+    masks = [mask_of(rng.random(vocab) < 0.1) for _ in range(13)]
+    gpu = CudaBackend(demo, context=128, chunk=64, slots=2)
+    prompt = prompts(vocab, 1)[0]
+    try:
+        tokens = []
+        for slot in range(2):
+            gpu.prefill_slot(slot, prompt)
+            tokens.append(gpu.begin(slot, SlotRequest(GREEDY, (), masked=True), masks[0]).token)
+        assert tokens[0] == tokens[1]
+        for step in range(1, 13):
+            whole = gpu.step({0: tokens[0]}, {0: masks[step]})[0].token
+            assert gpu.launch_forward({1: tokens[1]})
+            gpu.launch_picks(lambda step=step: {1: masks[step]})
+            parts = gpu.collect()[1].token
+            assert whole == parts and allowed_tokens(masks[step], vocab)[whole], f"step {step}"
+            tokens = [whole, parts]
+    finally:
+        gpu.close()
+
+
 class _PlainSteps:
     """A CUDA backend seen without its `StepLauncher` capability: every step is taken whole."""
 
@@ -223,17 +252,22 @@ class _PlainSteps:
         self._backend = backend
 
     def __getattr__(self, name: str):
-        if name in ("launch", "collect"):
+        if name in ("launch", "collect", "launch_forward", "launch_picks"):
             raise AttributeError(name)
         return getattr(self._backend, name)
 
 
-@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "with_mtp_upkeep"])
-def test_launched_steps_serve_what_plain_steps_serve(demo, speculative):
+@pytest.mark.parametrize("speculative, json_mode", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "with_mtp_upkeep", "json_mode"])
+def test_launched_steps_serve_what_plain_steps_serve(demo, speculative, json_mode):
     """Six greedy requests (prompts of many lengths, prefix reuse between them) over 3 slots, through the scheduler
     with steps launched before the text work and with every step taken whole: the same replies, token for
     token, and the card measured its idle gaps between launched steps. With the MTP head loaded (when the demo
-    file has one) the heads' upkeep is queued behind each launched step."""
+    file has one) the heads' upkeep is queued behind each launched step. In JSON mode every other request has
+    a json_object grammar: its steps' forward passes are launched before the text work, their picks after it
+    (`launch_forward`, `launch_picks`), against masked steps taken whole."""
+    from engine.server.response_format import json_constraint_for
+
     service = ModelService.from_loaded(demo)
     asks = prompts(demo.config.vocab_size, 6)
 
@@ -242,7 +276,9 @@ def test_launched_steps_serve_what_plain_steps_serve(demo, speculative):
         events: list[list] = [[] for _ in asks]
         jobs: queue.Queue = queue.Queue()
         for i, p in enumerate(asks):
-            jobs.put(Job(p, GREEDY, 24, False, None, [], events[i].append, turn_start=len(p) // 2))
+            constraint = json_constraint_for({"type": "json_object"}, service.tokenizer) if json_mode and i % 2 else None
+            jobs.put(Job(p, GREEDY, 24, False, None, [], events[i].append, turn_start=len(p) // 2,
+                         constraint=constraint))
         jobs.put(None)
         try:
             Scheduler(wrap(gpu), service.tokenizer, PrefixCache(1 << 28)).run(jobs)

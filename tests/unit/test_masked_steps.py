@@ -25,7 +25,7 @@ from engine.generation.slots import SlotRequest
 from engine.generation.token_mask import mask_of, masks_now
 from engine.gguf.loader import load_model
 from fake_card import FakeCard
-from test_early_launch import ScriptSlots
+from test_early_launch import LaunchingSlots, ScriptSlots
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -41,14 +41,20 @@ def service(demo) -> ModelService:
 
 
 class AnyToken:
-    """A grammar that allows every token, and fails when asked for its mask after `fail_after` picks."""
+    """A grammar that allows every token; it fails when asked for its mask after `fail_after` picks, and its
+    document is complete after `complete_after`. `asked` notes how many picks it had taken at each mask."""
 
-    complete = False
+    def __init__(self, vocab: int, fail_after: int | None = None, complete_after: int | None = None):
+        self.vocab, self.fail_after, self.complete_after = vocab, fail_after, complete_after
+        self.accepted = 0
+        self.asked: list[int] = []
 
-    def __init__(self, vocab: int, fail_after: int | None = None):
-        self.vocab, self.fail_after, self.accepted = vocab, fail_after, 0
+    @property
+    def complete(self) -> bool:
+        return self.complete_after is not None and self.accepted >= self.complete_after
 
     def mask(self, remaining: int) -> np.ndarray:
+        self.asked.append(self.accepted)
         if self.fail_after is not None and self.accepted >= self.fail_after:
             raise ValueError("the grammar broke")
         return mask_of(np.ones(self.vocab, bool))
@@ -103,6 +109,76 @@ def test_the_scheduler_hands_masks_as_a_callable_and_a_broken_grammar_fails_only
     assert [slots.mask_calls[i][1] for i in lazy] == [[1], [1], []]  # the third step's grammar broke
     assert lazy == list(range(lazy[0], lazy[0] + 3))
     assert all(not called and masked == [] for called, masked in slots.mask_calls[lazy[-1] + 1 :])
+
+
+class MaskedLaunchingSlots(LaunchingSlots):
+    """Launching script slots with `launch_forward` / `launch_picks`: the "forward pass" consumes the feeds at
+    once, the picks are made when the masks come; the log notes both and which slots were masked."""
+
+    def __init__(self, scripts):
+        super().__init__(scripts)
+        self._forward: Mapping[int, int] | None = None
+
+    def launch_forward(self, feeds: Mapping[int, int]) -> bool:
+        assert self._pending is None and self._forward is None, "a launch while another step is in flight"
+        self.log.append(f"forward {sorted(feeds)}")
+        self._forward = feeds
+        return True
+
+    def step(self, feeds: Mapping[int, int], masks=None):
+        masks_now(masks)  # as a backend does, callable or not
+        return super().step(feeds)
+
+    def launch_picks(self, masks) -> None:
+        assert self._forward is not None, "picks without a forward pass"
+        self.log.append(f"picks {sorted(masks_now(masks))}")
+        feeds, self._forward = self._forward, None
+        self._pending = self._run(feeds)
+
+    def prefill_slot(self, slot, token_ids) -> None:
+        assert self._forward is None, "a prefill between a forward pass and its picks"
+        super().prefill_slot(slot, token_ids)
+
+
+def test_masked_steps_launch_their_forward_pass_before_the_text_work_and_their_picks_after(service):
+    """With the masked-step capability the scheduler launches a masked step's forward pass as soon as the picks
+    decide the feeds, and its picks after the text work, so each mask is made after its grammar took the previous
+    pick (as when stepping plainly): the replies equal the plain backend's, every slot's tokens are what its state
+    consumed, and a job whose document completes while its next step runs counts that step's token."""
+    tok = service.tokenizer
+    words = tok.encode(" one two three four five six seven eight nine ten eleven twelve")
+    vocab = tok.vocab_size
+
+    def grammars():
+        return [AnyToken(vocab), None, AnyToken(vocab, complete_after=5)]
+
+    scripts = [words, words[1:] + words, words[2:] + words]
+    plain_done, plain_texts, _ = run_jobs(service, ScriptSlots(scripts), grammars())
+    slots = MaskedLaunchingSlots(scripts)
+    used = grammars()
+    done, texts, scheduler = run_jobs(service, slots, used)
+    assert texts == plain_texts
+    assert [d.completion_tokens for d in done] == [d.completion_tokens for d in plain_done] == [12, 12, 5]
+    assert sum(entry.startswith("forward") for entry in slots.log) > 5
+    assert all(asked == i for i, asked in enumerate(used[0].asked))  # mask i made after its grammar took i picks
+    for s in scheduler.slots:
+        assert s.tokens == slots.consumed[s.index]
+    assert len(scheduler.slots[2].tokens) == len(tok.encode("prompt 2")) + 5  # its 5 picks, the last fed once
+
+
+def test_a_grammar_that_breaks_under_a_launched_step_ends_only_its_job(service):
+    """The masked job's grammar fails when asked for the mask of a step whose forward pass is already launched:
+    that job fails, its slot is reset after the step's picks are queued, and the other job is untouched."""
+    tok = service.tokenizer
+    words = tok.encode(" one two three four five six seven eight nine ten eleven twelve")
+    _, alone_texts, _ = run_jobs(service, ScriptSlots([words]), [None])
+    slots = MaskedLaunchingSlots([words, words[2:] + words])
+    done, texts, scheduler = run_jobs(service, slots, [None, AnyToken(tok.vocab_size, fail_after=3)])
+    assert isinstance(done[1], Failed) and "the grammar broke" in done[1].message
+    assert isinstance(done[0], Finished) and texts[0] == alone_texts[0]
+    assert scheduler.slots[1].tokens == [] and slots.consumed[1] == []
+    assert scheduler.slots[0].tokens == slots.consumed[0]
+    assert any(entry.startswith("forward") for entry in slots.log)
 
 
 def masked_decoder(demo, slots: int = 3) -> tuple[FakeCard, SlotDecoder]:
@@ -166,3 +242,29 @@ def test_masks_that_fail_still_end_the_step_and_the_error_goes_on(demo):
     assert "sample_scores" in names(card) and dec.seqs[0].next_position == position + 1
     picks = dec.step({0: 1, 1: 2}, lambda: {})
     assert sorted(picks) == [0, 1]
+
+
+def test_a_forward_pass_launched_alone_takes_its_picks_later_and_nothing_in_between(demo):
+    """`launch_forward` queues the forward pass's graph only; until `launch_picks` the decoder refuses a prefill,
+    a first pick or another step (they would overwrite the logits rows the picks read); then the picks come
+    under the masks given, and `collect` returns them."""
+    from engine.errors import RigllmError
+
+    card, dec = masked_decoder(demo)
+    mask = mask_of(np.arange(demo.config.vocab_size) % 7 == 0)
+    dec.step({0: 1, 2: 3}, {2: mask})  # captures the forward pass of width 2
+    card.launches.clear()
+    assert dec.launch_forward({0: 1, 2: 3})
+    assert names(card) == ["<replay>"]
+    with pytest.raises(RigllmError, match="launch_picks comes first"):
+        dec.prefill_slot(1, [4])
+    with pytest.raises(RigllmError, match="launch_picks comes first"):
+        dec.step({1: 2})
+    with pytest.raises(RigllmError, match="launch_picks comes first"):
+        dec.begin(1, SlotRequest(GREEDY, ()))
+    dec.launch_picks({2: mask})
+    assert names(card)[:3] == ["<replay>", "<wait>", "<wait>"] and "sample_scores" in names(card)
+    assert sorted(dec.collect()) == [0, 2]
+    with pytest.raises(RigllmError, match="without a forward pass"):
+        dec.launch_picks({})
+    dec.prefill_slot(1, [4])  # free again

@@ -9,8 +9,8 @@ state spreads over every kind instead of landing on the last ones (on 2026-12-04
 logit_bias, which adds no host work, 129). The card's idle time between steps (engine.cuda.step_gaps) is the
 host's share of a step. The bytes are the card's own counters of what went up and came down
 (engine.cuda.driver) over the timed steps.
-Masked steps are taken in two parts (`SlotDecoder._queue_masked`: the forward pass, then the picks after the
-masks' uploads); "split_no_mask" takes them so with no mask, which prices the split alone. Masks are random
+Masked steps are taken in two parts (`SlotDecoder._queue_forward`, then `_queue_masked_picks`: the picks after
+the masks' uploads); "split_no_mask" takes them so with no mask, which prices the split alone. Masks are random
 bitsets made before timing (a grammar's own cost is the host's, not the step's): "repeating" cycles each row
 through 8 masks, as a grammar's states repeat (the pool uploads each once); "fresh" gives every row a new mask
 every step, the worst case (every step uploads them all).

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from engine.generation.prefix_cache import PrefixCache
-from engine.generation.slots import (ImagePrefill, Pick, SlotBackend, SlotRequest, StepLauncher, launches_steps,
-                                     supports_images)
+from engine.generation.slots import (ImagePrefill, MaskedStepLauncher, Pick, SlotBackend, SlotRequest, StepLauncher,
+                                     launches_masked_steps, launches_steps, supports_images)
 from engine.generation.tokenizer import Tokenizer
 from engine.generation.token_mask import TokenMask
 from engine.generation.serving.early_launch import UNSURE, next_feed
@@ -81,8 +81,10 @@ class Scheduler:
         self.tasks = OwnerTasks()
         self.slots = [_Slot(i) for i in range(slots.slot_count)]
         self._launches = launches_steps(slots)
+        self._launches_masked = launches_masked_steps(slots)
         # the step launched before its picks' text work: slot → (its job, the token fed), until collected
         self._launched: dict[int, tuple[Job, int]] | None = None
+        self._picks_owed = False  # the launched step is a masked one's forward pass: its picks follow the text work
         self._clock = itertools.count(1)
 
     @property
@@ -277,7 +279,8 @@ class Scheduler:
 
     def _take_step(self, stepped: list[_Slot], feeds: dict[int, int], picks: dict[int, Pick]) -> None:
         """The fed tokens join each slot's tokens; the next step is launched if it can be (before the picks'
-        text work, which then runs while the card computes); then every pick goes through its job's text."""
+        text work, which then runs while the card computes); then every pick goes through its job's text, and a
+        masked step launched so gets its picks, under the masks its grammars give now."""
         for s in stepped:
             s.tokens.append(feeds[s.index])
         self._launch_next(stepped, picks)
@@ -286,6 +289,7 @@ class Scheduler:
                 self._take_run(s, picks[s.index])
             except Exception as err:  # this request's text pipeline or sink failed: it alone ends
                 self._fail(s, err)
+        self._launch_owed_picks()
 
     def _launch_next(self, stepped: list[_Slot], picks: dict[int, Pick]) -> None:
         """Queue the next step on the card now when every slot in it is known before any text work: each stepped
@@ -296,25 +300,62 @@ class Scheduler:
         feeds: dict[int, int] = {}
         for s in stepped:
             assert s.job is not None and s.output is not None
-            token = next_feed(s.job, s.output, picks[s.index], self.stop_ids)
+            token = next_feed(s.job, s.output, picks[s.index], self.stop_ids, self._launches_masked)
             if token is UNSURE:
                 return
             if token is not None:
                 feeds[s.index] = token
         for s in self.slots:  # slots that began since (their first pick waits): they join this step
             if s.decoding and s not in stepped:
-                if s.output is None or s.output.masked:
+                if s.output is None or (s.output.masked and not self._launches_masked):
                     return
                 feeds[s.index] = s.next_token  # type: ignore[assignment]
         if not feeds:
             return
+        masked = any(self.slots[i].output.masked for i in feeds)  # type: ignore[union-attr]
         try:
-            launched = cast(StepLauncher, self.backend).launch(feeds)
+            if masked:  # its forward pass now, its picks once the grammars have taken these picks
+                launched = cast(MaskedStepLauncher, self.backend).launch_forward(feeds)
+            else:
+                launched = cast(StepLauncher, self.backend).launch(feeds)
         except Exception:  # the step will be taken as usual, and fail there if it must
             log.exception("could not launch a step early")
             return
         if launched:
             self._launched = {i: (self.slots[i].job, token) for i, token in feeds.items()}  # type: ignore[misc]
+            self._picks_owed = masked
+
+    def _launch_owed_picks(self) -> None:
+        """The picks of a masked step whose forward pass `_launch_next` launched, once the text work has run: each
+        launched slot whose job goes on gets its grammar's mask now. A slot whose job ended meanwhile gets none
+        (its pick is dropped), and one whose grammar fails ends its own job, after the picks are queued (its
+        state took the fed token: `_fail` resets it). Should the picks not be queued, the step's jobs fail."""
+        if not self._picks_owed:
+            return
+        self._picks_owed = False
+        launched = self._launched or {}
+        masks, failed = {}, []
+        for index, (job, _) in launched.items():
+            s = self.slots[index]
+            if s.job is not job:
+                continue
+            try:  # a grammar that fails ends its own job only
+                mask = s.output.next_mask()  # type: ignore[union-attr]
+            except Exception as err:
+                failed.append((s, err))
+                continue
+            if mask is not None:
+                masks[index] = mask
+        try:
+            cast(MaskedStepLauncher, self.backend).launch_picks(masks)
+        except Exception as err:
+            self._launched = None
+            for index, (job, _) in launched.items():
+                if self.slots[index].job is job:
+                    self._fail(self.slots[index], err)
+            return
+        for s, err in failed:
+            self._fail(s, err)
 
     def _take_run(self, slot: _Slot, pick: Pick) -> None:
         """A step's tokens in order (several with speculative decoding), each through every stop rule.

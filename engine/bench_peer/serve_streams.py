@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpus": gpu_state(), "kernel_dir": os.environ.get("RIGLLM_KERNEL_DIR"),
         "shape": args.shape, "weights": args.weights, "model": model.name, "backend": args.backend,
         "slots": max(args.streams), "context": context, "max_tokens": args.max_tokens,
-        "reps": args.reps, "prompt": PROMPT, "response_format": args.response_format, "bench_json": str(args.bench_json) if args.bench_json else None,
+        "reps": args.reps, "prompt": PROMPT, "response_format": args.response_format,
+        "bench_json": str(args.bench_json) if args.bench_json else None,
         "streams": streams,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -286,8 +286,8 @@ class SlotDecoder:
              hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
         """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
         a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
-        head; a masked step in two parts, `_queue_forward` then `_queue_masked_picks`); on a speculating card a slot fed alone may take a
-        speculative round instead (never a masked one)."""
+        head; a masked step in two parts, `_queue_forward` then `_queue_masked_picks`); on a speculating card a
+        slot fed alone may take a speculative round instead (never a masked one)."""
         slot = self.lone_slot(feeds, masks)
         if slot is not None and self.fwd.embeds:  # the whole model on this card: the round is this card's alone
             pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, feeds[slot]))
@@ -335,9 +335,9 @@ class SlotDecoder:
     def launch(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> bool:
         """Queue a plain step over `feeds` on the card and return at once, so the host can work on the previous
         step's text meanwhile (issue 28 item 4); `collect` returns its picks. A callable `masks` is called
-        before this returns, once the step's forward pass is queued (`_queue_masked_picks`). Until then the host may queue
-        other work (prefill chunks, a request's first pick: they run after the step on the card's stream) but
-        no other step. False, with nothing queued, when the step must be taken whole with `step`: a slot fed
+        before this returns, once the step's forward pass is queued (`_queue_masked_picks`). Until then the host
+        may queue other work (prefill chunks, a request's first pick: they run after the step on the card's
+        stream) but no other step. False, with nothing queued, when the step must be taken whole with `step`: a slot fed
         alone that speculates, a slot that wants its logits rows (they are read after the step), or a card
         without the LM head."""
         if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):

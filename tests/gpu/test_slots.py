@@ -276,7 +276,8 @@ def test_launched_steps_serve_what_plain_steps_serve(demo, speculative, json_mod
         events: list[list] = [[] for _ in asks]
         jobs: queue.Queue = queue.Queue()
         for i, p in enumerate(asks):
-            constraint = json_constraint_for({"type": "json_object"}, service.tokenizer) if json_mode and i % 2 else None
+            json_job = json_mode and i % 2 == 1
+            constraint = json_constraint_for({"type": "json_object"}, service.tokenizer) if json_job else None
             jobs.put(Job(p, GREEDY, 24, False, None, [], events[i].append, turn_start=len(p) // 2,
                          constraint=constraint))
         jobs.put(None)

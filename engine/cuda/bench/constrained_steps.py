@@ -66,7 +66,8 @@ def constrained_step_costs(dec: SlotDecoder, widths: tuple[int, ...], depth: int
         totals = {name: _StepTotals() for name in kinds}
         for r in range(rounds):
             for name, (request, mask) in kinds.items():
-                totals[name].add(_timed_steps(dec, width, depth, per_round, r * (WARM_STEPS + per_round), request, mask))
+                first = r * (WARM_STEPS + per_round)
+                totals[name].add(_timed_steps(dec, width, depth, per_round, first, request, mask))
         runs = {name: t.result(width) for name, t in totals.items()}
         plain = runs["plain"]["us_per_step"]
         out[str(width)] = {name: {**r, "vs_plain": r["us_per_step"] / plain} for name, r in runs.items()}

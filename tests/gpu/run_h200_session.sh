@@ -306,6 +306,9 @@ ensure_model(Path('/tmp/rigllm-peer-models'), '9b', 'q8_0')"
     base=/tmp/rigllm-base
     rm -rf "$base" && mkdir -p "$base/.kbuild" && tar -C "$base" -xJf .kbz/base-tree.tar.xz \
         && tar -C "$base/.kbuild" -xJf .kbz/kbuild-base.tar.xz && cp engine/bench_peer/*.py "$base/engine/bench_peer/"
+    # the server reads its chat templates from resources/, which `git archive BASE engine cuda_src` leaves out (the
+    # base server failed on it in s19d); this tree's are copied when the base tree has none
+    [ -d "$base/resources" ] || cp -r resources "$base/"
     serve=(python3 -m engine.bench_peer.serve_streams --shape 9b --weights q8_0 --streams 1,4 --max-tokens 256
            --models-dir /tmp/rigllm-peer-models)
     job serve-json-new 200 "${serve[@]}" --response-format json_object --json "$RES/$DAY-h200-serve-json-9b-new.json"

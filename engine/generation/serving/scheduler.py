@@ -293,8 +293,10 @@ class Scheduler:
 
     def _launch_next(self, stepped: list[_Slot], picks: dict[int, Pick]) -> None:
         """Queue the next step on the card now when every slot in it is known before any text work: each stepped
-        slot's pick either ends its job for sure or continues it for sure (`next_feed`), and no slot needs a
-        token mask (its grammar must take the pick first). Otherwise the next turn steps as usual."""
+        slot's pick either ends its job for sure or continues it for sure (`next_feed`). A step with a masked slot
+        is launched only on a backend that takes its forward pass alone (`MaskedStepLauncher`): its grammars must
+        take the picks first, so its picks follow the text work (`_launch_owed_picks`). Otherwise the next turn
+        steps as usual."""
         if not self._launches:
             return
         feeds: dict[int, int] = {}

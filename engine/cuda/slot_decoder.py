@@ -446,7 +446,7 @@ class SlotDecoder:
             self.card.stream.wait_for(self._masks_uploaded)
             pick_launches(self.fwd, self.batch, self.sampling, width)
             if failed:
-                self.gaps.interrupt()
+                self.gaps.discard()
                 self.card.stream.synchronize()
 
     def _queue_picks(self, slots: list[int], feeds: Mapping[int, int]) -> None:

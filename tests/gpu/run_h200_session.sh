@@ -351,5 +351,5 @@ check)  # the toolkit-free pycuda wheel and the headless bundle (packaging/gpu_c
          > "$RES/mutations.log" 2>&1 )
     wait
     tail -15 "$RES/gpu-check.log"; tail -12 "$RES/mutations.log" ;;
-*) sed -n '2,11p' "$0"; exit 2 ;;
+*) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2 ;;
 esac

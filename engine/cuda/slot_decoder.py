@@ -337,12 +337,9 @@ class SlotDecoder:
         step's text meanwhile (issue 28 item 4); `collect` returns its picks. A callable `masks` is called
         before this returns, once the step's forward pass is queued (`_queue_masked_picks`). Until then the host
         may queue other work (prefill chunks, a request's first pick: they run after the step on the card's
-        stream) but no other step. False, with nothing queued, when the step must be taken whole with `step`: a slot fed
-        alone that speculates, a slot that wants its logits rows (they are read after the step), or a card
-        without the LM head."""
-        if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):
-            return False
-        if self.lone_slot(feeds, masks) is not None:
+        stream) but no other step. False, with nothing queued, when the step must be taken whole with `step`: a
+        slot fed alone that speculates, or `_taken_whole`."""
+        if self._taken_whole(feeds) or self.lone_slot(feeds, masks) is not None:
             return False
         self._queue_picks(self._queue_step(feeds, None, masks), feeds)
         return True
@@ -352,12 +349,17 @@ class SlotDecoder:
         grammars take the previous step's picks in the host's text work, which then runs while the card computes);
         `launch_picks` queues its picks and `collect` returns them. Nothing else may be queued in between but
         `reset_slot` (the picks read the pass's logits rows). False, with nothing queued, where `launch` would be."""
-        if not self.fwd.heads or any(self._host_logits[slot] for slot in feeds):
+        if self._taken_whole(feeds):
             return False
         slots = self._step_slots(feeds)
         self._queue_forward(slots, feeds, None)
         self._forward_only = (slots, feeds)
         return True
+
+    def _taken_whole(self, feeds: Mapping[int, int]) -> bool:
+        """Must a step over `feeds` be taken whole (a card without the LM head, or a slot that wants its logits
+        rows, read after the step)?"""
+        return not self.fwd.heads or any(self._host_logits[slot] for slot in feeds)
 
     def launch_picks(self, masks: StepMasks) -> None:
         """The picks of the step `launch_forward` queued, under `masks` (`_queue_masked_picks`)."""

@@ -232,34 +232,41 @@ class Scheduler:
         decoding = [s for s in self.slots if s.decoding]
         if not decoding:
             return
-        failed: dict[int, Exception] = {}
-
-        def step_masks() -> dict[int, TokenMask]:
-            """The masked slots' masks, computed when the backend calls for them (the CUDA backend: once the
-            step's forward pass is on the card, so the grammars' work overlaps it)."""
-            masks = {}
-            for s in decoding:
-                try:  # a grammar that fails ends its own job only
-                    mask = s.output.next_mask()  # type: ignore[union-attr]
-                except Exception as err:
-                    failed[s.index] = err
-                    continue
-                if mask is not None:
-                    masks[s.index] = mask
-            return masks
-
+        failed: list[tuple[_Slot, Exception]] = []
         feeds = {s.index: s.next_token for s in decoding}
         masked = any(s.output.masked for s in decoding)  # type: ignore[union-attr]
+        # the masks are computed when the backend calls for them (the CUDA backend: once the step's forward pass
+        # is on the card, so the grammars' work overlaps it)
+        step_masks = (lambda: self._masks_of(decoding, failed)) if masked else None
         try:
-            picks = self.backend.step(feeds, step_masks if masked else None)  # type: ignore[arg-type]
+            picks = self.backend.step(feeds, step_masks)  # type: ignore[arg-type]
         except Exception as err:
             for s in decoding:
                 self._fail(s, err)
             return
-        for s in [s for s in decoding if s.index in failed]:  # fed, so their state moved on: reset by _fail
+        for s, err in failed:  # fed, so their state moved on: reset by _fail
             decoding.remove(s)
-            self._fail(s, failed[s.index])
+            self._fail(s, err)
         self._take_step(decoding, feeds, picks)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _masks_of(slots: list[_Slot], failed: list[tuple[_Slot, Exception]]) -> dict[int, TokenMask]:
+        """Each slot's token mask for its next pick (none where its job sets none). A grammar that fails ends its
+        own job only: it is noted in `failed`, for the caller to end once the step is queued."""
+        masks = {}
+        for s in slots:
+            try:
+                mask = s.output.next_mask()  # type: ignore[union-attr]
+            except Exception as err:
+                failed.append((s, err))
+                continue
+            if mask is not None:
+                masks[s.index] = mask
+        return masks
+
+    def _still_running(self, launched: dict[int, tuple[Job, int]]) -> list[_Slot]:
+        """The slots of a launched step whose job is still the one the step was launched for."""
+        return [self.slots[i] for i, (job, _) in launched.items() if self.slots[i].job is job]
 
     def _take_launched(self) -> None:
         """Collect the step launched early (`_launch_next`) and take its picks. A slot whose job ended while the
@@ -268,11 +275,10 @@ class Scheduler:
         try:
             picks = cast(StepLauncher, self.backend).collect()
         except Exception as err:
-            for index, (job, _) in launched.items():
-                if self.slots[index].job is job:
-                    self._fail(self.slots[index], err)
+            for s in self._still_running(launched):
+                self._fail(s, err)
             return
-        stepped = [self.slots[i] for i, (job, _) in launched.items() if self.slots[i].job is job]
+        stepped = self._still_running(launched)
         for s in stepped:
             s.next_token = None  # fed already
         self._take_step(stepped, {i: token for i, (_, token) in launched.items()}, picks)
@@ -336,25 +342,14 @@ class Scheduler:
             return
         self._picks_owed = False
         launched = self._launched or {}
-        masks, failed = {}, []
-        for index, (job, _) in launched.items():
-            s = self.slots[index]
-            if s.job is not job:
-                continue
-            try:  # a grammar that fails ends its own job only
-                mask = s.output.next_mask()  # type: ignore[union-attr]
-            except Exception as err:
-                failed.append((s, err))
-                continue
-            if mask is not None:
-                masks[index] = mask
+        failed: list[tuple[_Slot, Exception]] = []
+        masks = self._masks_of(self._still_running(launched), failed)
         try:
             cast(MaskedStepLauncher, self.backend).launch_picks(masks)
         except Exception as err:
             self._launched = None
-            for index, (job, _) in launched.items():
-                if self.slots[index].job is job:
-                    self._fail(self.slots[index], err)
+            for s in self._still_running(launched):
+                self._fail(s, err)
             return
         for s, err in failed:
             self._fail(s, err)

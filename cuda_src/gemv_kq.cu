@@ -21,14 +21,14 @@
 #include "matmul_store.cuh"
 #include "norm_fold.cuh"
 
-// norm_x .. norm_counters: the RMSNorm folded in (null norm_x: none), as in gemv_q8.cu, hence no __restrict__ on xq
+// norm_x .. norm_done: the RMSNorm folded in (null norm_x: none), as in gemv_q8.cu, hence no __restrict__ on xq
 // and xd.
 template <int TYPE, int T, int R, int U, int P, int BLOCK>
 __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w, const signed char* xq,
                                              const float* xd, float* y, const float* residual, int rows, int K,
                                              int end0, int end1, int end2, const float* norm_x,
                                              const float* __restrict__ norm_w, float norm_eps,
-                                             unsigned int* norm_counters) {
+                                             unsigned int* norm_done) {
     static_assert(P == 1 || P == 2, "a lane takes one slice or a pair of neighbouring slices at a time");
     using Q = rigllm::KQuant<TYPE>;
     const int lane = threadIdx.x & 31;
@@ -41,7 +41,7 @@ __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w
     // no weight prefetch during the fold's wait: the K-quant GEMVs are bound by instruction issue on the H200, where
     // an L2 prefetch before them bought nothing (engine/cuda/l2_prefetch.py)
     if (norm_x != nullptr)
-        rigllm::folded_norm<T, BLOCK>(norm_x, norm_w, norm_eps, norm_counters, K, const_cast<signed char*>(xq),
+        rigllm::folded_norm<T, BLOCK>(norm_x, norm_w, norm_eps, norm_done, K, const_cast<signed char*>(xq),
                                       const_cast<float*>(xd));
 
     for (long long group = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); group * R < rows;
@@ -125,9 +125,9 @@ __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                             \
         NAME(const unsigned char* __restrict__ w, const signed char* xq, const float* xd, float* y,                  \
              const float* residual, int rows, int K, int end0, int end1, int end2, const float* norm_x,            \
-             const float* __restrict__ norm_w, float norm_eps, unsigned int* norm_counters) {                        \
+             const float* __restrict__ norm_w, float norm_eps, unsigned int* norm_done) {                        \
         gemv_kq_body<TYPE, T, R, U, P, THREADS>(w, xq, xd, y, residual, rows, K, end0, end1, end2, norm_x, norm_w,  \
-                                                norm_eps, norm_counters);                                          \
+                                                norm_eps, norm_done);                                          \
     }
 // Per type: MIN_BLOCKS of (t1, t1_r1_u2, t1_r1_u4, t1_r4_u1, t1_r4_u2, t1_r1_p2, t1_p2, t1_r4_p2, t2-t3, t4-t6,
 // t7-t8). Q6_K reads four arrays (more address registers) and Q5_K two extra words per slice, so they fit fewer

@@ -84,14 +84,14 @@ __device__ __forceinline__ void gemv_q8_load(const int4* const (&wp)[R], const u
 // weight loads are in flight while it computes (Little's law: the H200 needs about 34 KB per SM at its ~1 us
 // latency) at the price of as many more registers.
 // norm_x (null for none): the RMSNorm whose output xq / xd are, folded in (norm_fold.cuh): rows [T][K] at norm_x,
-// weight norm_w, eps norm_eps, counters norm_counters. xq and xd are then written by this launch, hence no
+// weight norm_w, eps norm_eps, counters norm_done. xq and xd are then written by this launch, hence no
 // __restrict__ on them.
 template <int T, int R, int U, bool P, int BLOCK>
 __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq, const __half* __restrict__ wd,
                                              const signed char* xq, const float* xd, float* y, const float* residual,
                                              int rows, int K, int end0, int end1, int end2, const float* norm_x,
                                              const float* __restrict__ norm_w, float norm_eps,
-                                             unsigned int* norm_counters) {
+                                             unsigned int* norm_done) {
     const int lane = threadIdx.x & 31;
     const int warps_per_block = blockDim.x >> 5;
     const int n_units = K >> 4;  // 16-byte units per row
@@ -104,7 +104,7 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
             rigllm::prefetch_row_heads(wq, K, (int)first, R, rows);
             rigllm::prefetch_row_heads(wd, (size_t)n_blocks * sizeof(__half), (int)first, R, rows);
         }
-        rigllm::folded_norm<T, BLOCK>(norm_x, norm_w, norm_eps, norm_counters, K, const_cast<signed char*>(xq),
+        rigllm::folded_norm<T, BLOCK>(norm_x, norm_w, norm_eps, norm_done, K, const_cast<signed char*>(xq),
                                       const_cast<float*>(xd));
     }
 
@@ -190,9 +190,9 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                                       \
         const signed char* __restrict__ wq, const __half* __restrict__ wd, const signed char* xq, const float* xd, \
         float* y, const float* residual, int rows, int K, int end0, int end1, int end2, const float* norm_x,       \
-        const float* __restrict__ norm_w, float norm_eps, unsigned int* norm_counters) {                          \
+        const float* __restrict__ norm_w, float norm_eps, unsigned int* norm_done) {                          \
         gemv_q8_body<T, R, U, PIPELINED, THREADS>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2, norm_x, \
-                                                  norm_w, norm_eps, norm_counters);                               \
+                                                  norm_w, norm_eps, norm_done);                               \
     }
 #define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS) RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T, T, R, U, false, 128, MIN_BLOCKS)
 

@@ -50,7 +50,7 @@ from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activation
 from engine.cuda.l2_prefetch import before_gemv, grid_with_prefetch_blocks
 from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.norm import norm_shape, rmsnorm_q8_1
-from engine.cuda.norm_fold import FoldedNorm, alloc_fold_counters
+from engine.cuda.norm_fold import FoldCounters, FoldedNorm
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.slot_batch import SlotBatch
 from engine.cuda.sparse_prefill import SparsePrefill
@@ -85,7 +85,8 @@ class ForwardPass:
         self.proj = card.alloc(F32 * max_tokens * max(rows), "proj")
         # GEMV-sized batches fold each RMSNorm into the GEMV that reads it (engine.cuda.norm_fold); tests compare both
         self.fold_norms = True
-        self.fold_counters = alloc_fold_counters(card, "norm fold")
+        # a pass folds two norms a layer and the head's (the MTP block's pass: its two)
+        self.folds = FoldCounters(card, 2 * max(len(weights.layers), 1) + 1, "norm fold counters")
         self.q8: dict[int, Q8Activations] = {}
         for width in {c.d_model, c.d_ff, c.ssm_d_inner, c.q_dim}:
             self.q8[width] = alloc_q8_activations(card, width, max_tokens, f"x{width}")
@@ -137,11 +138,16 @@ class ForwardPass:
         `then`'s leading bytes into L2, and None is returned."""
         d = self.cfg.d_model
         if self.fold_norms and then is not None and y is None and n <= MAX_GEMV_TOKENS:
-            return FoldedNorm(x.view(0, F32 * n * d), weight, self.cfg.rms_eps, self.fold_counters)
+            return FoldedNorm(x.view(0, F32 * n * d), weight, self.cfg.rms_eps, self.folds.next())
         grid, threads = norm_shape(n)
         rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y,
                      prefetch=before_gemv(self.card, then, n))
         return None
+
+    def _begin_pass(self) -> None:
+        """Zero the folded norms' counters for the pass that starts (one memset, none when nothing folds)."""
+        if self.fold_norms:
+            self.folds.begin_pass()
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size
@@ -195,6 +201,7 @@ class ForwardPass:
         """Decoder block i (the MTP block, whose index follows the trunk's) on the n rows in `h`, continuing
         `seq`'s cache of that block; attention splits are sized for the capacity (a graph replays anywhere)."""
         self._anywhere = True
+        self._begin_pass()
         try:
             self._layer(i, layer, n, seq, None)
         finally:
@@ -216,6 +223,7 @@ class ForwardPass:
 
     def _layers(self, n: int, owner: DeviceSequence | SlotBatch, positions: DeviceBuffer | None,
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
+        self._begin_pass()
         if self.embeds:
             embed(self.card, self.w.token_embd, self.ids, self.h, n)
             for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers

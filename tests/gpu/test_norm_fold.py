@@ -3,8 +3,8 @@
 The fold sums in the decode norm's order, so its Q8_1 output and the GEMV's sums must equal rmsnorm_q8_1's (at the
 decode shape, engine.cuda.norm.norm_shape) followed by the plain GEMV, bit for bit: any other order shows up as a
 flipped int8 level or a last-bit difference in a row. Checked for every Q8_0 variant of each width and the K-quant
-defaults, eagerly and replayed in a graph (the counters must come back to zero each time), with grids from one block
-(every slice taken by a block in turn) to many waves.
+defaults, eagerly and replayed in a graph whose memset zeroes the launch's counter each time, with grids from one
+block (every slice taken by that block in turn) to many waves; the counter then holds the slice count.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from engine.cuda.gemv import GEMV_VARIANTS, MAX_GEMV_TOKENS, alloc_q8_activations, gemv_q8, upload_q8_weight
 from engine.cuda.kq_weight import gemv_kq, upload_kq_weight
 from engine.cuda.norm import norm_shape, rmsnorm_q8_1
-from engine.cuda.norm_fold import FOLD_COUNTERS, FoldedNorm, alloc_fold_counters
+from engine.cuda.norm_fold import FoldCounters, FoldedNorm
 from tests.gpu.gpu_fixtures import assert_equal, random_q8_weight
 from tests.kquant_data import KQ_TYPES, random_kquant_bytes
 
@@ -48,13 +48,19 @@ def check_fold(card, x, w, tokens: int, k: int, rows: int, launch, what: str) ->
     plain_y, fold_y = (card.alloc(4 * rows * tokens, f"test.{n}_y") for n in ("plain", "fold"))
     two_launches(card, x, w, plain_act, tokens, k, lambda norm: launch(plain_act, plain_y, norm))
     want = outputs(plain_act, plain_y, tokens, k, rows)
-    counters = alloc_fold_counters(card, "test.counters")
-    norm = FoldedNorm(x, w, EPS, counters)
-    launch(fold_act, fold_y, norm)
+    counters = FoldCounters(card, 1, "test.counters")
+    slices = tokens * min(32, 64 // tokens)  # norm_fold.cuh's slice blocks
+
+    def folded() -> None:
+        counters.begin_pass()
+        launch(fold_act, fold_y, FoldedNorm(x, w, EPS, counters.next()))
+
+    folded()
     for name, got, expected in zip(("xq", "xd", "y"), outputs(fold_act, fold_y, tokens, k, rows), want):
         assert_equal(got, expected, f"{what}: folded {name} (eager)")
+    assert counters.buf.download(np.uint32, 1)[0] == slices, f"{what}: slices counted"
     with card.capture("test.fold") as graph:
-        launch(fold_act, fold_y, norm)
+        folded()
     for replay in range(3):
         fold_act.xq.upload(np.zeros((tokens, k), np.int8))
         fold_y.upload(np.zeros((tokens, rows), np.float32))
@@ -62,7 +68,7 @@ def check_fold(card, x, w, tokens: int, k: int, rows: int, launch, what: str) ->
         card.stream.synchronize()
         for name, got, expected in zip(("xq", "xd", "y"), outputs(fold_act, fold_y, tokens, k, rows), want):
             assert_equal(got, expected, f"{what}: folded {name} (graph replay {replay})")
-    np.testing.assert_array_equal(counters.download(np.uint32, FOLD_COUNTERS), 0, f"{what}: counters not reset")
+    assert counters.buf.download(np.uint32, 1)[0] == slices, f"{what}: slices counted"
 
 
 @pytest.mark.parametrize("tokens", range(1, MAX_GEMV_TOKENS + 1))
@@ -79,7 +85,7 @@ def test_every_q8_variant_folds_the_norm_bit_for_bit(card, rng, tokens, rows, k)
 
 @pytest.mark.parametrize("tokens", [1, 3, 8])
 def test_a_grid_smaller_than_the_slices_takes_them_in_turn(card, rng, tokens):
-    """One block (max_blocks=1) must do all T * 32 slices itself before it may wait; four blocks share them."""
+    """One block (max_blocks=1) must do all the slices itself before it may wait; four blocks share them."""
     k, rows = 4096, 64
     x, w = norm_case(card, rng, tokens, k)
     qs, d, _ = random_q8_weight(rng, rows, k)

@@ -4,9 +4,8 @@
 //
 // The same launch interface and output contract as gemv_q8.cu, so the host picks the kernel by weight type:
 // weights w (one buffer in the type's device layout), activations xq int8 [T][K] and xd fp32 [T][K/32] from
-// quantize_q8_1, a fused epilogue or the folded RMSNorm (norm_fold.cuh), fp32 output split into up to four stacked
-// segments (end0..end2) each written as its own [T][end_s - start_s] matrix at y + T * start_s, residual (nullable,
-// may alias y).
+// quantize_q8_1 or a fused epilogue, fp32 output split into up to four stacked segments (end0..end2) each
+// written as its own [T][end_s - start_s] matrix at y + T * start_s, residual (nullable, may alias y).
 //
 // Work split: a warp owns R consecutive rows; lane l takes units l, l + 32, ... of each row, a unit being one
 // slice (16 bytes of 4-bit payload = 32 values, kquant.cuh) or, in the _p2 variants, two neighbouring slices,
@@ -19,16 +18,11 @@
 // over row groups (grid-stride): any grid size is correct.
 #include "kquant.cuh"
 #include "matmul_store.cuh"
-#include "norm_fold.cuh"
 
-// norm_x .. norm_done: the RMSNorm folded in (null norm_x: none), as in gemv_q8.cu, hence no __restrict__ on xq
-// and xd.
-template <int TYPE, int T, int R, int U, int P, int BLOCK>
-__device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w, const signed char* xq,
-                                             const float* xd, float* y, const float* residual, int rows, int K,
-                                             int end0, int end1, int end2, const float* norm_x,
-                                             const float* __restrict__ norm_w, float norm_eps,
-                                             unsigned int* norm_done) {
+template <int TYPE, int T, int R, int U, int P>
+__device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w, const signed char* __restrict__ xq,
+                                             const float* __restrict__ xd, float* y, const float* residual, int rows,
+                                             int K, int end0, int end1, int end2) {
     static_assert(P == 1 || P == 2, "a lane takes one slice or a pair of neighbouring slices at a time");
     using Q = rigllm::KQuant<TYPE>;
     const int lane = threadIdx.x & 31;
@@ -38,11 +32,6 @@ __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w
     const long long group_stride = (long long)gridDim.x * warps_per_block;
     const int4* x16 = reinterpret_cast<const int4*>(xq);
     const int x16_row = K >> 4;  // 16-byte words per activation row
-    // no weight prefetch during the fold's wait: the K-quant GEMVs are bound by instruction issue on the H200, where
-    // an L2 prefetch before them bought nothing (engine/cuda/l2_prefetch.py)
-    if (norm_x != nullptr)
-        rigllm::folded_norm<T, BLOCK>(norm_x, norm_w, norm_eps, norm_done, K, const_cast<signed char*>(xq),
-                                      const_cast<float*>(xd));
 
     for (long long group = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); group * R < rows;
          group += group_stride) {
@@ -123,11 +112,9 @@ __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w
 // variant per (type, T, matrix rows); the K-quant sweep of `rigllm bench` times the variants.
 #define RIGLLM_GEMV_KQ_KERNEL(NAME, TYPE, T, R, U, P, THREADS, MIN_BLOCKS)                                         \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                                             \
-        NAME(const unsigned char* __restrict__ w, const signed char* xq, const float* xd, float* y,                  \
-             const float* residual, int rows, int K, int end0, int end1, int end2, const float* norm_x,            \
-             const float* __restrict__ norm_w, float norm_eps, unsigned int* norm_done) {                        \
-        gemv_kq_body<TYPE, T, R, U, P, THREADS>(w, xq, xd, y, residual, rows, K, end0, end1, end2, norm_x, norm_w,  \
-                                                norm_eps, norm_done);                                          \
+        NAME(const unsigned char* __restrict__ w, const signed char* __restrict__ xq, const float* __restrict__ xd, \
+             float* y, const float* residual, int rows, int K, int end0, int end1, int end2) {                      \
+        gemv_kq_body<TYPE, T, R, U, P>(w, xq, xd, y, residual, rows, K, end0, end1, end2);                         \
     }
 // Per type: MIN_BLOCKS of (t1, t1_r1_u2, t1_r1_u4, t1_r4_u1, t1_r4_u2, t1_r1_p2, t1_p2, t1_r4_p2, t2-t3, t4-t6,
 // t7-t8). Q6_K reads four arrays (more address registers) and Q5_K two extra words per slice, so they fit fewer
@@ -151,4 +138,4 @@ __device__ __forceinline__ void gemv_kq_body(const unsigned char* __restrict__ w
 
 RIGLLM_GEMV_KQ_TYPE(q4_k, RIGLLM_Q4_K, 6, 8, 6, 6, 4, 8, 6, 4, 8, 6, 4)
 RIGLLM_GEMV_KQ_TYPE(q5_k, RIGLLM_Q5_K, 5, 8, 6, 6, 3, 8, 5, 3, 8, 6, 4)
-RIGLLM_GEMV_KQ_TYPE(q6_k, RIGLLM_Q6_K, 6, 8, 6, 5, 4, 7, 5, 3, 5, 5, 4)
+RIGLLM_GEMV_KQ_TYPE(q6_k, RIGLLM_Q6_K, 6, 8, 6, 5, 4, 8, 5, 3, 5, 5, 4)

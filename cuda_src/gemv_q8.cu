@@ -6,8 +6,7 @@
 // row's 32-value blocks cut into chunks of 32 blocks, the two 16-byte halves of block j of a chunk at units j and
 // j + m) and wd fp16 [rows][K/32], one scale per block. K % 32 == 0. q8_block_payload below permutes a natural
 // row-major upload into that layout in place.
-// Activations (from quantize_q8_1, a fused epilogue, or the RMSNorm folded into this launch: norm_fold.cuh): xq int8
-// [T][K] natural, xd fp32 [T][K/32]. Accumulation and output are fp32.
+// Activations (from quantize_q8_1): xq int8 [T][K] natural, xd fp32 [T][K/32]. Accumulation and output are fp32.
 //
 // Work split: a warp owns R consecutive rows; lane j reads block j of each chunk of those rows (both halves: two
 // warp-wide loads of 512 contiguous bytes per row), U chunks a round, so U * R * 2 independent 16-byte weight loads
@@ -16,8 +15,8 @@
 // Folding per 16-byte half, as the row-major layout made the lanes do, cost those 3 instructions per 4 DP4As, which
 // a launch multiplying each weight with several tokens pays in issue slots. Each weight word is loaded once and
 // multiplied with all T activation rows (from L1), so a T-token launch reads the weights once. A warp-shuffle
-// reduction ends each row; no shared memory or __syncthreads outside the folded norm. Warps stride over row groups
-// (grid-stride), so any grid size is correct; the launcher sizes the grid to one row group per warp.
+// reduction ends each row; no shared memory, no __syncthreads. Warps stride over row groups (grid-stride), so any
+// grid size is correct; the launcher sizes the grid to one row group per warp.
 //
 // Several matrices sharing one input (ffn gate+up; the GDN in-projections qkv, z, b, a; attention q, k, v) are
 // stacked row-wise at load time and run as one launch. The output is then split by row ranges: rows
@@ -27,7 +26,6 @@
 //
 // residual (nullable) is read with the output's own layout; it may alias y (in-place y += W x).
 #include "matmul_store.cuh"
-#include "norm_fold.cuh"
 #include "q8_blocked.cuh"
 
 // In place: each row of qs int8 [rows][K], uploaded row-major, into the blocked payload. One warp per (row, chunk):
@@ -83,30 +81,17 @@ __device__ __forceinline__ void gemv_q8_load(const int4* const (&wp)[R], const u
 // P (pipelined): the lane issues the next U chunks' loads before it multiplies the current ones, so twice the
 // weight loads are in flight while it computes (Little's law: the H200 needs about 34 KB per SM at its ~1 us
 // latency) at the price of as many more registers.
-// norm_x (null for none): the RMSNorm whose output xq / xd are, folded in (norm_fold.cuh): rows [T][K] at norm_x,
-// weight norm_w, eps norm_eps, counters norm_done. xq and xd are then written by this launch, hence no
-// __restrict__ on them.
-template <int T, int R, int U, bool P, int BLOCK>
+template <int T, int R, int U, bool P>
 __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq, const __half* __restrict__ wd,
-                                             const signed char* xq, const float* xd, float* y, const float* residual,
-                                             int rows, int K, int end0, int end1, int end2, const float* norm_x,
-                                             const float* __restrict__ norm_w, float norm_eps,
-                                             unsigned int* norm_done) {
+                                             const signed char* __restrict__ xq, const float* __restrict__ xd,
+                                             float* y, const float* residual, int rows, int K, int end0, int end1,
+                                             int end2) {
     const int lane = threadIdx.x & 31;
     const int warps_per_block = blockDim.x >> 5;
     const int n_units = K >> 4;  // 16-byte units per row
     const int n_blocks = K >> 5;
     const int n_chunks = rigllm::q8_chunks(n_blocks);
     const long long group_stride = (long long)gridDim.x * warps_per_block;
-    if (norm_x != nullptr) {
-        const long long first = ((long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5)) * R;
-        if (first < rows) {
-            rigllm::prefetch_row_heads(wq, K, (int)first, R, rows);
-            rigllm::prefetch_row_heads(wd, (size_t)n_blocks * sizeof(__half), (int)first, R, rows);
-        }
-        rigllm::folded_norm<T, BLOCK>(norm_x, norm_w, norm_eps, norm_done, K, const_cast<signed char*>(xq),
-                                      const_cast<float*>(xd));
-    }
 
     for (long long group = (long long)blockIdx.x * warps_per_block + (threadIdx.x >> 5); group * R < rows;
          group += group_stride) {
@@ -188,11 +173,10 @@ __device__ __forceinline__ void gemv_q8_body(const signed char* __restrict__ wq,
 // engine/cuda/gemv.py mirrors (T, R) to size grids; a unit test checks the two agree. 128 threads (4 warps).
 #define RIGLLM_GEMV_Q8_KERNEL(NAME, T, R, U, PIPELINED, THREADS, MIN_BLOCKS)                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) NAME(                                       \
-        const signed char* __restrict__ wq, const __half* __restrict__ wd, const signed char* xq, const float* xd, \
-        float* y, const float* residual, int rows, int K, int end0, int end1, int end2, const float* norm_x,       \
-        const float* __restrict__ norm_w, float norm_eps, unsigned int* norm_done) {                          \
-        gemv_q8_body<T, R, U, PIPELINED, THREADS>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2, norm_x, \
-                                                  norm_w, norm_eps, norm_done);                               \
+        const signed char* __restrict__ wq, const __half* __restrict__ wd, const signed char* __restrict__ xq,    \
+        const float* __restrict__ xd, float* y, const float* residual, int rows, int K, int end0, int end1,        \
+        int end2) {                                                                                               \
+        gemv_q8_body<T, R, U, PIPELINED>(wq, wd, xq, xd, y, residual, rows, K, end0, end1, end2);                 \
     }
 #define RIGLLM_GEMV_Q8(T, R, U, MIN_BLOCKS) RIGLLM_GEMV_Q8_KERNEL(gemv_q8_t##T, T, R, U, false, 128, MIN_BLOCKS)
 
@@ -232,7 +216,7 @@ RIGLLM_GEMV_Q8_VARIANT(4, r1_u2, 1, 2, 128, 8)
 RIGLLM_GEMV_Q8_VARIANT(4, r4_u1, 4, 1, 128, 4)
 RIGLLM_GEMV_Q8_VARIANT(5, r2_u1, 2, 1, 128, 7)
 RIGLLM_GEMV_Q8_VARIANT(6, r2_u1, 2, 1, 128, 6)
-RIGLLM_GEMV_Q8_VARIANT(7, r2_u1, 2, 1, 128, 5)
+RIGLLM_GEMV_Q8_VARIANT(7, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(8, r2_u1, 2, 1, 128, 6)
 RIGLLM_GEMV_Q8_VARIANT(8, r1_u2, 1, 2, 128, 8)
 // One row and one chunk a lane (two loads in flight per lane, the most warps) for the middle widths.

@@ -6,7 +6,6 @@
 // so results agree to a few ulp. RoPE products use __fmul_rn so the compiler cannot contract
 // `x1*cos - x2*sin` into an FMA that numpy does not do.
 #include <cuda_fp16.h>
-#include "norm_fold.cuh"
 #include "q8_1_warp.cuh"
 
 // Sum of `v` over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
@@ -20,6 +19,12 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     __syncthreads();
     v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.f;
     return rigllm::warp_sum(v);
+}
+
+// 1/sqrt(mean + eps) exactly as the reference: fp32 mean, fp32 sqrt, fp32 division (NVRTC's default
+// -prec-sqrt/-prec-div give the correctly rounded results numpy gives).
+__device__ __forceinline__ float rms_inverse(float sum_sq, int n, float eps) {
+    return 1.0f / sqrtf(sum_sq / (float)n + eps);
 }
 
 // One row per block: v = x / rms(x) * w, written as fp32 to `y` and/or as Q8_1 to `xq`/`xd` (either

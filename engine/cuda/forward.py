@@ -22,8 +22,7 @@ token, the GDN states after each token kept in rings for the rollback, attention
 capacity so that a captured verify graph replays at any position.
 
 Activations: the residual stream `h` is fp32; every matmul input is Q8_1 (quantized by the
-norm/gate/SwiGLU kernel that produces it; a GEMV-sized batch's RMSNorms are computed by the GEMV that reads them,
-engine.cuda.norm_fold); matmul outputs are fp32; the KV cache is fp16 or a
+norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is fp16 or a
 quantised format (K/V staged in fp16, then encoded); GDN state fp32 (architecture.md "Precision
 contract").
 
@@ -50,7 +49,6 @@ from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activation
 from engine.cuda.l2_prefetch import before_gemv, grid_with_prefetch_blocks
 from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.norm import norm_shape, rmsnorm_q8_1
-from engine.cuda.norm_fold import FoldCounters, FoldedNorm
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
 from engine.cuda.slot_batch import SlotBatch
 from engine.cuda.sparse_prefill import SparsePrefill
@@ -83,10 +81,6 @@ class ForwardPass:
         if c.attention_layers:
             rows.append(2 * c.q_dim + 2 * c.kv_dim)
         self.proj = card.alloc(F32 * max_tokens * max(rows), "proj")
-        # GEMV-sized batches fold each RMSNorm into the GEMV that reads it (engine.cuda.norm_fold); tests compare both
-        self.fold_norms = True
-        # a pass folds two norms a layer and the head's (the MTP block's pass: its two)
-        self.folds = FoldCounters(card, 2 * max(len(weights.layers), 1) + 1, "norm fold counters")
         self.q8: dict[int, Q8Activations] = {}
         for width in {c.d_model, c.d_ff, c.ssm_d_inner, c.q_dim}:
             self.q8[width] = alloc_q8_activations(card, width, max_tokens, f"x{width}")
@@ -123,31 +117,20 @@ class ForwardPass:
         self._anywhere = False  # attention splits sized for the capacity (run_verify, run_block)
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _matmul(self, w: Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None,
-                norm: FoldedNorm | None = None) -> None:
-        matmul(self.card, w, x, y, n, residual=residual, norm=norm)
+    def _matmul(self, w: Weight, x: Q8Activations, y: DeviceBuffer, n: int, residual: DeviceBuffer | None = None) -> None:
+        matmul(self.card, w, x, y, n, residual=residual)
 
     def _segment(self, w: Weight, index: int, n: int) -> DeviceBuffer:
         return w.segment_view(self.proj, index, n)
 
     def _norm(self, x: DeviceBuffer, weight: DeviceBuffer, out: Q8Activations, n: int, then: Weight | None,
-              y: DeviceBuffer | None = None) -> FoldedNorm | None:
+              y: DeviceBuffer | None = None) -> None:
         """RMSNorm of n rows of width D into Q8_1 `out` (and fp32 rows `y` when given), for the matmul by `then`
-        (None when no matmul reads `out`). A GEMV-sized batch without `y` returns the norm for that GEMV to compute
-        (its `norm` argument: the caller's next launch must be it); otherwise the norm is launched here, prefetching
-        `then`'s leading bytes into L2, and None is returned."""
+        (whose leading bytes it prefetches into L2; None when no matmul reads `out`)."""
         d = self.cfg.d_model
-        if self.fold_norms and then is not None and y is None and n <= MAX_GEMV_TOKENS:
-            return FoldedNorm(x.view(0, F32 * n * d), weight, self.cfg.rms_eps, self.folds.next())
         grid, threads = norm_shape(n)
         rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, out.xq, out.xd, d, grid, threads, y,
                      prefetch=before_gemv(self.card, then, n))
-        return None
-
-    def _begin_pass(self) -> None:
-        """Zero the folded norms' counters for the pass that starts (one memset, none when nothing folds)."""
-        if self.fold_norms:
-            self.folds.begin_pass()
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size
@@ -174,8 +157,8 @@ class ForwardPass:
             return
         x = self.q8[cfg.d_model]
         last = self.h.view(F32 * (n - 1) * cfg.d_model, F32 * cfg.d_model)
-        norm = self._norm(last, self.w.output_norm, x, 1, self.w.lm_head)
-        self._matmul(self.w.lm_head, x, self.logits, 1, norm=norm)
+        self._norm(last, self.w.output_norm, x, 1, self.w.lm_head)
+        matmul(self.card, self.w.lm_head, x, self.logits, 1)
 
     def run_verify(self, n: int, seq: DeviceSequence, rings: dict[int, GdnRing], hidden: DeviceBuffer | None) -> None:
         """This card's part of a speculative verify: the n <= 8 tokens in `ids` (a later card: the previous
@@ -194,14 +177,13 @@ class ForwardPass:
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
-        norm = self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head, y=hidden)
-        self._matmul(self.w.lm_head, x, self.logits, n, norm=norm)
+        self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head, y=hidden)
+        matmul(self.card, self.w.lm_head, x, self.logits, n)
 
     def run_block(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
         """Decoder block i (the MTP block, whose index follows the trunk's) on the n rows in `h`, continuing
         `seq`'s cache of that block; attention splits are sized for the capacity (a graph replays anywhere)."""
         self._anywhere = True
-        self._begin_pass()
         try:
             self._layer(i, layer, n, seq, None)
         finally:
@@ -218,12 +200,11 @@ class ForwardPass:
         if not self.heads:
             return
         x = self.q8[cfg.d_model]
-        norm = self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head)
-        self._matmul(self.w.lm_head, x, self.logits, n, norm=norm)
+        self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head)
+        matmul(self.card, self.w.lm_head, x, self.logits, n)
 
     def _layers(self, n: int, owner: DeviceSequence | SlotBatch, positions: DeviceBuffer | None,
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
-        self._begin_pass()
         if self.embeds:
             embed(self.card, self.w.token_embd, self.ids, self.h, n)
             for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers
@@ -238,16 +219,16 @@ class ForwardPass:
         x = self.q8[self.cfg.d_model]
         traced = self._traced_rows()
         mixer_in = layer.mixer.in_proj if isinstance(layer.mixer, GdnWeights) else layer.mixer.qkv
-        norm = self._norm(self.h, layer.mixer.attn_norm, x, n, mixer_in, y=traced)
+        self._norm(self.h, layer.mixer.attn_norm, x, n, mixer_in, y=traced)
         self._record(i, "norm", traced, n)
         if isinstance(layer.mixer, GdnWeights):
-            self._gdn(i, layer.mixer, x, n, owner, norm)
+            self._gdn(i, layer.mixer, x, n, owner)
         else:
-            self._attention(i, layer.mixer, x, n, owner, positions, norm)
+            self._attention(i, layer.mixer, x, n, owner, positions)
         self._record(i, "mixer", self.h, n)
         f = layer.ffn
-        norm = self._norm(self.h, f.post_attention_norm, x, n, f.gate_up)
-        self._matmul(f.gate_up, x, self.proj, n, norm=norm)
+        self._norm(self.h, f.post_attention_norm, x, n, f.gate_up)
+        self._matmul(f.gate_up, x, self.proj, n)
         xf = self.q8[self.cfg.d_ff]
         warps = n * self.cfg.d_ff // 32
         prefetch = before_gemv(self.card, f.down, n)
@@ -274,11 +255,9 @@ class ForwardPass:
         self.card.stream.synchronize()
         self.trace.record(i, step, rows.download(np.float32, (n, self.cfg.d_model)))
 
-    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch,
-             norm: FoldedNorm | None) -> None:
-        """`norm`: the layer's input norm when the in-projection computes it (`_norm`)."""
+    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch) -> None:
         c = self.cfg
-        self._matmul(w.in_proj, x, self.proj, n, norm=norm)
+        self._matmul(w.in_proj, x, self.proj, n)
         widths = (c.ssm_conv_dim, c.ssm_d_inner, c.ssm_n_v_heads, c.ssm_n_v_heads)
         inputs = GdnInputs(*(Rows(self._segment(w.in_proj, s, n), widths[s]) for s in range(4)))
         y = self.q8[c.ssm_d_inner]
@@ -292,10 +271,9 @@ class ForwardPass:
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
 
     def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch,
-                   positions: DeviceBuffer | None, norm: FoldedNorm | None) -> None:
-        """`norm`: the layer's input norm when the qkv projection computes it (`_norm`)."""
+                   positions: DeviceBuffer | None) -> None:
         c = self.cfg
-        self._matmul(w.qkv, x, self.proj, n, norm=norm)
+        self._matmul(w.qkv, x, self.proj, n)
         qg, k, v = (self._segment(w.qkv, s, n) for s in range(3))
         xo = self.q8[c.q_dim]
         if isinstance(owner, SlotBatch):

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
-from engine.cuda.norm_fold import FoldedNorm, fold_args
 from engine.cuda.q8_layout import CHUNK_BLOCKS, QK
 
 GEMV_THREADS = 128
@@ -201,14 +200,12 @@ def gemv_q8(
     stream: Stream | None = None,
     max_blocks: int | None = None,
     variant: str | None = None,
-    norm: FoldedNorm | None = None,
 ) -> None:
     """y = W x (+ residual) for n_tokens (1..8) tokens; outputs split per stacked matrix (see module docstring).
 
     `residual` has the output's layout and may be `y` itself. `max_blocks` caps the grid (the kernel
     strides over row groups), e.g. to leave SMs to a concurrent stream. `variant` names a kernel of
     GEMV_VARIANTS[n_tokens] (default `gemv_variant` of the matrix's shape); every variant computes the same sums.
-    `norm`: the RMSNorm whose output `x` is, computed by this launch first (engine.cuda.norm_fold).
     """
     if n_tokens not in GEMV_ROWS_PER_WARP:
         raise ValueError(f"the GEMV takes 1..{MAX_GEMV_TOKENS} tokens, not {n_tokens}; use the GEMM")
@@ -234,6 +231,5 @@ def gemv_q8(
         np.int32(w.rows),
         np.int32(w.k),
         *ends,
-        *fold_args(norm, w.k, n_tokens),
         stream=stream,
     )

@@ -18,7 +18,6 @@ from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
 from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_THREADS, gemm_grid, gemm_kernel
 from engine.cuda.gemv import MAX_GEMV_TOKENS, MAX_SEGMENTS, GemvLaunch, Q8Activations, matmul_args
 from engine.cuda.kq_layout import device_layout
-from engine.cuda.norm_fold import FoldedNorm, fold_args
 from engine.gguf.kquant_blocks import BLOCK_BYTES, KQUANT_TYPES, QK_K
 
 Q = GGMLQuantizationType
@@ -113,8 +112,8 @@ def gemv_kernel(qtype: GGMLQuantizationType, n_tokens: int, variant: str | None 
 
 def gemv_kq(card: CudaCard, w: KQWeight, x: Q8Activations, y: DeviceBuffer, n_tokens: int,
             residual: DeviceBuffer | None = None, stream: Stream | None = None, max_blocks: int | None = None,
-            variant: str | None = None, norm: FoldedNorm | None = None) -> None:
-    """y = W x (+ residual) for 1..8 tokens, as `gemv_q8` does for Q8_0 weights (`norm` likewise)."""
+            variant: str | None = None) -> None:
+    """y = W x (+ residual) for 1..8 tokens, as `gemv_q8` does for Q8_0 weights."""
     kernel, launch = gemv_kernel(w.qtype, n_tokens, variant, w.rows)
     ends = matmul_args(w, x, y, n_tokens, residual)
     rows_per_block = launch.rows_per_warp * (launch.threads // 32)
@@ -122,7 +121,7 @@ def gemv_kq(card: CudaCard, w: KQWeight, x: Q8Activations, y: DeviceBuffer, n_to
     if max_blocks is not None:
         grid = max(1, min(grid, max_blocks))
     card.kernel(kernel).launch(grid, launch.threads, w.data, x.xq, x.xd, y, residual, np.int32(w.rows),
-                               np.int32(w.k), *ends, *fold_args(norm, w.k, n_tokens), stream=stream)
+                               np.int32(w.k), *ends, stream=stream)
 
 
 def gemm_kq(card: CudaCard, w: KQWeight, x: Q8Activations, y: DeviceBuffer, n_tokens: int,

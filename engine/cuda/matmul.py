@@ -20,7 +20,6 @@ from engine.cuda.gemm import gemm_q8
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, Q8Weight, gemv_q8
 from engine.cuda.kq_weight import KQWeight, embed_kq, gemm_kq, gemv_kq
 from engine.cuda.embedding import embed_q8_0
-from engine.cuda.norm_fold import FoldedNorm
 
 SingleWeight = Union[Q8Weight, KQWeight]
 
@@ -76,26 +75,21 @@ def stack(runs: list[SingleWeight]) -> Weight:
 
 
 def matmul(card: CudaCard, w: Weight, x: Q8Activations, y: DeviceBuffer, n_tokens: int,
-           residual: DeviceBuffer | None = None, stream: Stream | None = None,
-           norm: FoldedNorm | None = None) -> None:
-    """y = W x (+ residual): the GEMV for up to MAX_GEMV_TOKENS tokens, the GEMM beyond, by weight kind. `norm`: the
-    RMSNorm whose output `x` is, folded into the (first) GEMV (engine.cuda.norm_fold; GEMV-sized batches only)."""
-    few = n_tokens <= MAX_GEMV_TOKENS
-    if norm is not None and not few:
-        raise ValueError(f"a norm folds into a GEMV of 1..{MAX_GEMV_TOKENS} tokens, not a GEMM of {n_tokens}")
+           residual: DeviceBuffer | None = None, stream: Stream | None = None) -> None:
+    """y = W x (+ residual): the GEMV for up to MAX_GEMV_TOKENS tokens, the GEMM beyond, by weight kind."""
     if isinstance(w, MixedWeight):
         start = 0
-        for run in w.runs:  # the first run's launch writes the shared input; the later ones read it
+        for run in w.runs:
             offset, length = 4 * start * n_tokens, 4 * run.rows * n_tokens
             matmul(card, run, x, y.view(offset, length), n_tokens,
-                   None if residual is None else residual.view(offset, length), stream, norm if start == 0 else None)
+                   None if residual is None else residual.view(offset, length), stream)
             start += run.rows
         return
-    if not few:
-        (gemm_kq if isinstance(w, KQWeight) else gemm_q8)(card, w, x, y, n_tokens, residual=residual, stream=stream)
+    few = n_tokens <= MAX_GEMV_TOKENS
+    if isinstance(w, KQWeight):
+        (gemv_kq if few else gemm_kq)(card, w, x, y, n_tokens, residual=residual, stream=stream)
     else:
-        (gemv_kq if isinstance(w, KQWeight) else gemv_q8)(card, w, x, y, n_tokens, residual=residual, stream=stream,
-                                                          norm=norm)
+        (gemv_q8 if few else gemm_q8)(card, w, x, y, n_tokens, residual=residual, stream=stream)
 
 
 def embed(card: CudaCard, table: Weight, ids: DeviceBuffer, out: DeviceBuffer, n_tokens: int,

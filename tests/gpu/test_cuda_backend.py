@@ -182,8 +182,7 @@ def test_graph_decode_equals_eager_decode(models):
 
 def test_the_l2_prefetch_changes_no_logit_bit(models, monkeypatch):
     """The decode step's L2 prefetches (engine/cuda/l2_prefetch.py) are hints: one-token steps of the 0.8b shape,
-    whose matrices are larger than a prefetch, give the same logits bit for bit with them and without. The norms
-    are launched, not folded into their GEMVs, so that theirs (the LM head's the largest) are among them."""
+    whose matrices are larger than a prefetch, give the same logits bit for bit with them and without."""
     import engine.cuda.forward as forward_module
     from engine.cuda.l2_prefetch import L2_SHARE, NO_PREFETCH, before_gemv
 
@@ -199,7 +198,6 @@ def test_the_l2_prefetch_changes_no_logit_bit(models, monkeypatch):
     def decode_logits() -> np.ndarray:
         gpu = CudaBackend(loaded, context=256, chunk=64)
         try:
-            gpu.fwd.fold_norms = False
             seq = gpu.new_sequence()
             return np.stack([gpu.forward_last([t], seq) for t in tokens])
         finally:
@@ -210,30 +208,6 @@ def test_the_l2_prefetch_changes_no_logit_bit(models, monkeypatch):
     assert sizes and all(n > 0 for n, _ in sizes) and any(n == cap for n, cap in sizes)  # some matrix exceeds it
     monkeypatch.setattr(forward_module, "before_gemv", lambda card, w, n: NO_PREFETCH)
     assert_equal(prefetched, decode_logits(), "decode logits with the L2 prefetch vs without")
-
-
-@pytest.mark.parametrize("name", ["0.8b", "gqa4-hv3-l6"])
-def test_the_folded_norms_change_no_logit_bit(models, name):
-    """A GEMV-sized batch's RMSNorms run inside the GEMVs that read them (engine/cuda/norm_fold.py), summed in the
-    norm kernel's order: a prefill chunk, one-token steps (each norm and the LM head's) and two-token verify-sized
-    batches give the same logits bit for bit folded and launched."""
-    loaded = models[name]
-    rng = np.random.default_rng(21)
-    prompt = rng.integers(0, loaded.config.vocab_size, 20).tolist()
-    singles = rng.integers(0, loaded.config.vocab_size, 12).tolist()
-    pairs = rng.integers(0, loaded.config.vocab_size, (6, 2)).tolist()
-
-    def logits(fold: bool) -> np.ndarray:
-        gpu = CudaBackend(loaded, context=256, chunk=64)
-        try:
-            gpu.fwd.fold_norms = fold
-            seq = gpu.new_sequence()
-            rows = [gpu.forward_last(prompt, seq)] + [gpu.forward_last([t], seq) for t in singles]
-            return np.stack(rows + [gpu.forward_last(p, seq) for p in pairs])
-        finally:
-            gpu.close()
-
-    assert_equal(logits(True), logits(False), f"{name}: logits with the norms folded vs launched")
 
 
 def test_many_prompts_of_random_length_run_clean(models):

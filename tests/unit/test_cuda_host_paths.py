@@ -240,14 +240,12 @@ def test_a_cancelled_load_frees_every_card(demo, n_cards):
 
 def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
     """A batched step (and a speculative verify) normalises its few rows as decode does, each row over
-    NORM_SLICES_DECODE blocks (the same bits: tests/gpu/test_norm_rope.py); prefill chunks keep one block per row.
-    (With the norms launched: folded into their GEMVs, the next test, a step launches none.)"""
+    NORM_SLICES_DECODE blocks (the same bits: tests/gpu/test_norm_rope.py); prefill chunks keep one block per row."""
     from engine.cuda.norm import NORM_SLICES_DECODE, NORM_THREADS_BATCH, NORM_THREADS_DECODE
 
     card = FakeCard()
     weights = upload_weights(card, demo.file, demo.config)
     dec = SlotDecoder(card, demo.config, weights, context=96, slots=3, chunk=16)
-    dec.fwd.fold_norms = False
     greedy = SlotRequest(SamplingParams(temperature=0.0), [])
     for slot in (0, 1):
         dec.prefill_slot(slot, [5, 6, 7])
@@ -261,70 +259,6 @@ def test_norms_split_each_row_over_blocks_for_gemv_sized_batches(demo):
     dec.step({0: 1, 1: 2})
     assert {(grid[:2], block) for name, grid, block, _ in card.launches if name == "rmsnorm_q8_1"} == {
         ((2, NORM_SLICES_DECODE), NORM_THREADS_DECODE)}
-
-
-def test_gemv_sized_batches_fold_every_norm_into_the_gemv_that_reads_it(demo):
-    """Folded (engine/cuda/norm_fold.py), a step launches no RMSNorm: each layer's in-projection (GDN) or qkv
-    (attention) and gate+up, and the LM head, get the residual rows `h`, their norm's weight and a counter of their
-    own, zeroed when the pass began, as their last four arguments; every other GEMV gets nulls. A prefill chunk (16 > 8
-    rows, the GEMM) launches its layers' norms and folds only the head's norm of its last row."""
-    card = FakeCard()
-    weights = upload_weights(card, demo.file, demo.config)
-    dec = SlotDecoder(card, demo.config, weights, context=96, slots=3, chunk=16)
-    fwd, cfg = dec.fwd, demo.config
-    greedy = SlotRequest(SamplingParams(temperature=0.0), [])
-
-    def folds() -> list[tuple]:
-        gemvs = [args for name, args in card.launch_args if name.startswith("gemv_")]
-        assert all(len(args) == 15 for args in gemvs)
-        return [args[-4:] for args in gemvs if args[-4] is not None]
-
-    card.launch_args.clear()
-    dec.prefill_slot(2, list(range(16)))
-    assert sum(name == "rmsnorm_q8_1" for name, _ in card.launch_args) == 2 * cfg.n_layers
-    [(x, w, eps, done)] = folds()
-    assert w is weights.output_norm and np.shares_memory(x.data, fwd.h.data) and x.nbytes == 4 * cfg.d_model
-    for slot in (0, 1):
-        dec.prefill_slot(slot, [5, 6, 7])
-        dec.begin(slot, greedy)
-    card.launch_args.clear()
-    fwd.folds.buf.data[:] = 7  # left over: the pass must zero them first
-    dec.step({0: 1, 1: 2})
-    assert not any(name == "rmsnorm_q8_1" for name, _ in card.launch_args)
-    folded = folds()
-    want = [w for layer in weights.layers for w in (layer.mixer.attn_norm, layer.ffn.post_attention_norm)]
-    assert [args[1] for args in folded] == want + [weights.output_norm]
-    for i, (x, _, eps, done) in enumerate(folded):
-        assert np.shares_memory(x.data, fwd.h.data) and x.nbytes == 4 * 2 * cfg.d_model and eps == np.float32(cfg.rms_eps)
-        offset = done.data.__array_interface__["data"][0] - fwd.folds.buf.data.__array_interface__["data"][0]
-        assert done.nbytes == 4 and offset == 4 * i and not done.data.any()
-
-
-def test_a_folded_norm_refuses_rows_or_counters_too_small():
-    from engine.cuda.norm_fold import FoldCounters, FoldedNorm, fold_args
-
-    card = FakeCard()
-    rows, weight, done = card.alloc(4 * 64 * 2, "x"), card.alloc(4 * 64, "w"), card.alloc(4, "c")
-    assert fold_args(None, 64, 2)[0] is None
-    assert fold_args(FoldedNorm(rows, weight, 1e-6, done), 64, 2)[:2] == (rows, weight)
-    with pytest.raises(ValueError, match="needs 768 bytes of rows"):
-        fold_args(FoldedNorm(rows, weight, 1e-6, done), 64, 3)
-    with pytest.raises(ValueError, match="a 4-byte counter"):
-        fold_args(FoldedNorm(rows, weight, 1e-6, done.view(0, 2)), 64, 2)
-    counters = FoldCounters(card, 2, "folds")
-    counters.begin_pass()
-    counters.next(), counters.next()
-    with pytest.raises(ValueError, match="at most 2 norms"):
-        counters.next()
-
-
-def test_the_fold_sums_in_the_decode_norms_order():
-    """cuda_src/norm_fold.cuh emulates the decode norm's block of NORM_THREADS_DECODE threads; both must agree."""
-    from engine.cuda.kernel_build import CUDA_SRC_DIR
-    from engine.cuda.norm import NORM_THREADS_DECODE
-
-    text = (CUDA_SRC_DIR / "norm_fold.cuh").read_text()
-    assert f"#define RIGLLM_NORM_DECODE_THREADS {NORM_THREADS_DECODE} " in text
 
 
 def test_one_step_graph_per_batch_width_whatever_the_slots_and_modes(demo):

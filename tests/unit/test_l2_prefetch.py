@@ -71,11 +71,8 @@ def demo():
 
 
 def test_every_short_kernel_of_a_decode_step_prefetches_the_next_matmuls_weight(demo):
-    """With the norms launched (a decode step folds them into their GEMVs, engine/cuda/norm_fold.py, which then ask
-    L2 for their own rows: tests/unit/test_cuda_host_paths.py)."""
     card = FakeCard()
     dec = SlotDecoder(card, demo.config, upload_weights(card, demo.file, demo.config), context=128, slots=1, chunk=16)
-    dec.fwd.fold_norms = False
     dec.prefill_slot(0, list(range(30)))
     dec.begin(0, SlotRequest(SamplingParams(temperature=0.0), list(range(30))))
     card.launches.clear()
@@ -104,10 +101,8 @@ def test_every_short_kernel_of_a_decode_step_prefetches_the_next_matmuls_weight(
 
 
 def test_a_prefill_chunk_prefetches_nothing_but_the_head_after_its_last_row(demo):
-    """(With the norms launched, as above: folded, the head's norm is the LM head GEMV's own.)"""
     card = FakeCard()
     dec = SlotDecoder(card, demo.config, upload_weights(card, demo.file, demo.config), context=128, slots=1, chunk=16)
-    dec.fwd.fold_norms = False
     card.launch_args.clear()
     dec.prefill_slot(0, list(range(16)))
     launches = [(kernel, args) for kernel, args in card.launch_args

@@ -18,14 +18,15 @@ whether the arg-max agrees.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from engine.reference.activation_rounding import ActivationRounding
+from engine.reference.kv_quant import Encoded
 from engine.reference.model import ReferenceModel
 from engine.reference.staged_kv import card_like_state
 from engine.reference.state import SequenceState
@@ -207,27 +208,44 @@ LOCAL_MAX_FACTOR = 4.0  # and its worst row this many times the floor's worst,
 # most rows of their place (p90 3.0e-2, worst 6.8e-2).
 LOCAL_FLIP_ROWS = 3  # rows of one place that may exceed the max bound, as isolated rounding flips
 LOCAL_FLIP_CAP = 1e-2  # and none of them over this (about 3x the largest flip seen in correct code)
+# Replayed over the card's own KV rows (CardRowsKV): the share of stored K/V values of one attention layer that may
+# differ from the replay's own encoding of them (a code rounded to the neighbouring level in correct code, rarely; most
+# values when the card's K/V path is wrong).
+KV_DIFFERING_SHARE = 1e-2
 WHOLE_MODEL_FACTOR = 2.0  # whole-model logits: worst position within twice the floor's worst
 
 
 @dataclass
 class LocalDiffs:
-    """Per (layer, sub-step): every row's relative difference between a run and its layer-local replay."""
+    """Per (layer, sub-step): every row's relative difference between a run and its layer-local replay; per
+    attention layer replayed over the run's own KV rows, (differing, compared) stored values of each sample."""
 
     rows: dict[tuple[int, str], list[np.ndarray]]
+    kv_values: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> "LocalDiffs":
         return cls({})
 
-    def add(self, model: ReferenceModel, trace, sample_feeds: Sequence[Sequence[int]], kv: str) -> None:
-        """Replay `trace` (one sample fed as `sample_feeds`) layer by layer and collect the differences."""
+    def add(self, model: ReferenceModel, trace, sample_feeds: Sequence[Sequence[int]], kv: str,
+            stored_kv: Mapping[int, tuple[Encoded, Encoded]] | None = None) -> None:
+        """Replay `trace` (one sample fed as `sample_feeds`) layer by layer and collect the differences;
+        `stored_kv`: the run's own K/V rows of its attention layers, which the replay then attends over."""
         from engine.generation.hidden_compare import row_differences
         from engine.reference.layer_replay import replay_layers
+        from engine.reference.staged_kv import CardRowsKV
 
-        replay = replay_layers(model, trace, sample_feeds, kv)
+        cfg, fmt = model.cfg, None if kv == "f16" else kv
+        caches = {i: CardRowsKV(cfg.n_head_kv, cfg.head_dim, fmt, k, v) for i, (k, v) in (stored_kv or {}).items()}
+        replay = replay_layers(model, trace, sample_feeds, kv, caches)
         for place in trace.places():
             self.rows.setdefault(place, []).append(row_differences(trace.rows(*place), replay.rows(*place)))
+        for i, cache in caches.items():
+            self.kv_values.setdefault(i, []).append((cache.differing, cache.compared))
+
+    def kv_differing_share(self, layer: int) -> float:
+        differing, compared = (sum(c) for c in zip(*self.kv_values[layer]))
+        return differing / compared
 
     def stat(self, place: tuple[int, str], q: float | None) -> float:
         rows = np.concatenate(self.rows[place])
@@ -264,8 +282,9 @@ class LocalDiffs:
 
 
 def reference_local_floor(loaded, model: ReferenceModel, samples: Sequence[list[int]], kv: str,
-                          prefill: int = PREFILL) -> LocalDiffs:
-    """The layer-local floor: the reference under `summation_reorder` replayed by the clean reference."""
+                          prefill: int = PREFILL, over_stored_kv: bool = False) -> LocalDiffs:
+    """The layer-local floor: the reference under `summation_reorder` replayed by the clean reference (over the
+    reordered run's own KV rows when `over_stored_kv`, as the card's run is then replayed)."""
     from engine.commands.debug import ReferenceSide
     from engine.reference.activation_rounding import ActivationRounding
 
@@ -276,7 +295,8 @@ def reference_local_floor(loaded, model: ReferenceModel, samples: Sequence[list[
             side = ReferenceSide(loaded, ActivationRounding.KERNEL, kv, model=model)
             for chunk in chunks:
                 side.feed(chunk)
-        floor.add(model, side.trace, chunks, kv)
+        stored = {i: cache.encoded() for i, cache in side.state.kv.items()} if over_stored_kv else None
+        floor.add(model, side.trace, chunks, kv, stored)
     return floor
 
 
@@ -284,12 +304,19 @@ def check_layer_local(name: str, diffs: LocalDiffs, floor: LocalDiffs) -> None:
     """Every place within LOCAL_MAX_FACTOR x the floor's worst row but for up to LOCAL_FLIP_ROWS isolated rows
     under LOCAL_FLIP_CAP, and its p90 within LOCAL_P90_FACTOR x the floor's largest p90 or LOCAL_P90_MIN,
     whichever is larger. Why both: a flipped Q8_1 rounding moves a single row by up to a few 1e-3 in correct
-    code, a wrong layer moves most rows (p90), a wrong row moves that row by more than the cap."""
+    code, a wrong layer moves most rows (p90), a wrong row moves that row by more than the cap. Replayed over the
+    run's own KV rows, each attention layer's stored values may differ from the replay's encoding of them in at
+    most KV_DIFFERING_SHARE of the values."""
     max_bound = LOCAL_MAX_FACTOR * floor.largest(None)
     p90_bound = max(LOCAL_P90_FACTOR * floor.largest(0.9), LOCAL_P90_MIN)
     print(f"{name}: layer-local differences (bound: max {max_bound:.3e}, p90 {p90_bound:.3e})\n{diffs.table(floor)}")
     first = diffs.first_over(max_bound, p90_bound)
     assert first == "none", f"{name}: layer-local difference over the bound at {first}\n{diffs.table(floor)}"
+    for layer in sorted(diffs.kv_values):
+        share = diffs.kv_differing_share(layer)
+        print(f"{name}: layer {layer} stored K/V values differing from the replay's encoding: {share:.2e}")
+        assert share <= KV_DIFFERING_SHARE, (f"{name}: layer {layer}'s stored K/V differ from the replay's encoding "
+                                             f"in {share:.2%} of the values (bound {KV_DIFFERING_SHARE:.0%})")
 
 
 def check_whole_model(name: str, got: np.ndarray, want: np.ndarray, floor: np.ndarray, min_agreement: float,

@@ -39,6 +39,7 @@ import numpy as np
 from engine.cuda.card_thread import ThreadFactory, card_executors
 from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
+from engine.cuda.kv_cache import download_side_rows
 from engine.cuda.pipeline import BridgeModel, PipelinedPrefill
 from engine.cuda.pipeline_speculation import PipelineRounds
 from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
@@ -58,6 +59,7 @@ from engine.gguf.loader import LoadedModel
 from engine.model.kv_formats import kv_format
 from engine.model.load_progress import ProgressCallback, ProgressCounter
 from engine.model.memory_plan import MemoryPlan, load_plan
+from engine.reference.kv_quant import Encoded
 from engine.model.model_footprint import footprint_of
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
@@ -320,6 +322,18 @@ class CudaBackend:
     def position(self, slot: int) -> int:
         """The slot's next cache row (how many tokens it holds)."""
         return self.stages[0].decoder.seqs[slot].next_position
+
+    def stored_kv(self, slot: int) -> dict[int, tuple[Encoded, Encoded]]:
+        """The slot's attention caches, layer by layer, as the reference stores them (K and V of every position so
+        far): what a layer-local replay attends over instead of its own (engine.reference.staged_kv.CardRowsKV)."""
+        rows, cfg = self.position(slot), self.config
+
+        def download(st: Stage) -> dict[int, tuple[Encoded, Encoded]]:
+            seq = st.decoder.seqs[slot]
+            return {i: tuple(download_side_rows(side, cfg.n_head_kv, cfg.head_dim, seq.capacity, rows)
+                             for side in (cache.k, cache.v)) for i, cache in seq.kv.items()}
+
+        return {i: kv for part in self._on_all(download) for i, kv in part.items()}
 
     # ---- the Backend protocol (slot 0) -------------------------------------------------------------
     def new_sequence(self) -> SlotSequence:

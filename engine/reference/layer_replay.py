@@ -10,7 +10,7 @@ outputs, so a wrong block stands out by orders of magnitude (README "Correctness
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -18,14 +18,18 @@ from engine.reference.hidden_trace import HiddenTrace, tracing
 from engine.reference.model import ReferenceModel
 from engine.reference.rope import text_positions
 from engine.reference.staged_kv import card_like_state
+from engine.reference.state import KVCache
 
 
 def replay_layers(model: ReferenceModel, trace: HiddenTrace, feeds: Sequence[Sequence[int]],
-                  kv: str = "f16") -> HiddenTrace:
-    """A trace of every block of `model` re-run, feed by feed from position 0, on `trace`'s inputs to it."""
+                  kv: str = "f16", kv_caches: Mapping[int, KVCache] | None = None) -> HiddenTrace:
+    """A trace of every block of `model` re-run, feed by feed from position 0, on `trace`'s inputs to it;
+    `kv_caches`: attention layers' caches to replay with instead of fresh ones (a `CardRowsKV` attends over the
+    other run's own stored rows)."""
     tokens = np.concatenate([np.asarray(f, np.int64) for f in feeds])
     sizes = [len(f) for f in feeds]
     state = card_like_state(model, kv)
+    state.kv.update(kv_caches or {})
     out = HiddenTrace()
     for block in model.blocks:
         rows = model.embedding[tokens] if block.index == 0 else trace.rows(block.index - 1, "ffn")

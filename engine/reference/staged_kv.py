@@ -3,13 +3,15 @@
 The reference's "f16" cache keeps fp32 rows (kv_quant's exact codec); the CUDA backend keeps fp16 rows,
 and for a quantised format encodes from fp16 staging rows. Backend comparisons (tests/teeth.py,
 `rigllm debug compare`) give the reference these caches so that the fp16 rounding of the stored rows is
-not counted as a backend difference.
+not counted as a backend difference. A layer-local replay can go further and attend over the other run's
+own stored rows (`CardRowsKV`), checking its encoding row by row instead.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from engine.reference.kv_quant import Encoded
 from engine.reference.model import ReferenceModel
 from engine.reference.state import KVCache, SequenceState
 
@@ -19,6 +21,36 @@ class Fp16StagedKV(KVCache):
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         super().append(_fp16(k), _fp16(v))
+
+
+class CardRowsKV(Fp16StagedKV):
+    """A cache that stores another run's rows in place of its own encoding: `card_k`, `card_v` hold that run's
+    stored K and V of every position (engine.cuda.kv_cache.download_side_rows, or `KVCache.encoded`).
+
+    Why: in a quantised format one code that the two runs round to neighbouring levels (their projections differ in
+    the last bit) changes what every later row attends to, so a replay on its own cache drifts from the card after
+    the first such flip, which says nothing about the layer. Attending over the card's rows leaves each row's own
+    rounding only; the card's encoding is checked separately: `append` still encodes its own K/V and counts the
+    stored values that differ from the card's (`differing` of `compared`), a rare flip in correct code and most
+    values in a wrong K/V path."""
+
+    def __init__(self, n_kv_heads: int, head_dim: int, kv_format: str | None, card_k: Encoded, card_v: Encoded):
+        super().__init__(n_kv_heads, head_dim, kv_format)
+        self.card_k, self.card_v = card_k, card_v
+        self.differing = self.compared = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        rows = slice(self.length, self.length + k.shape[0])
+        if rows.stop > self.card_k.codes.shape[0]:
+            raise ValueError(f"the card stored {self.card_k.codes.shape[0]} rows, the replay reached {rows.stop}")
+        sides = ((self.k_codec, k, self.card_k, self._k), (self.v_codec, v, self.card_v, self._v))
+        for codec, own, card, kept in sides:
+            stored = Encoded(card.codes[rows], card.side[rows])
+            mine, theirs = codec.decode(codec.encode(_fp16(own))), codec.decode(stored)
+            self.differing += int(np.count_nonzero(mine != theirs))
+            self.compared += mine.size
+            kept.write(self.length, stored)
+        self.length = rows.stop
 
 
 def _fp16(x: np.ndarray) -> np.ndarray:

@@ -92,6 +92,10 @@ class KVCache:
             return (k.codes, v.codes)
         return (k.codes, k.side, v.codes, v.side)
 
+    def encoded(self) -> tuple[Encoded, Encoded]:
+        """The stored K and V rows as `Encoded` (what `CardRowsKV` replays)."""
+        return self._k.head(self.length), self._v.head(self.length)
+
     def replace_stored(self, stored: tuple[np.ndarray, ...]) -> None:
         """Make the cache hold exactly the rows of a `stored()` tuple (used by restore); no re-encoding."""
         if len(stored) == 2:

@@ -209,9 +209,10 @@ LOCAL_MAX_FACTOR = 4.0  # and its worst row this many times the floor's worst,
 LOCAL_FLIP_ROWS = 3  # rows of one place that may exceed the max bound, as isolated rounding flips
 LOCAL_FLIP_CAP = 1e-2  # and none of them over this (about 3x the largest flip seen in correct code)
 # Replayed over the card's own KV rows (CardRowsKV): the share of stored K/V values of one attention layer that may
-# differ from the replay's own encoding of them (a code rounded to the neighbouring level in correct code, rarely; most
-# values when the card's K/V path is wrong).
-KV_DIFFERING_SHARE = 1e-2
+# differ from the replay's own encoding of them. Correct code rounds a value to the neighbouring fp16 number or code
+# now and then: 0 to 6.3e-3 of the values in the g3-hv1 model's six formats (H200, 2026-12-04, s20d); keys rotated one
+# position late in one layer changed 11.6% (tests/unit/test_card_rows_kv.py), a wrong K/V path most values.
+KV_DIFFERING_SHARE = 3e-2
 WHOLE_MODEL_FACTOR = 2.0  # whole-model logits: worst position within twice the floor's worst
 
 

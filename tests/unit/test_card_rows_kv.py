@@ -70,7 +70,7 @@ def test_keys_rotated_late_in_one_layer_fail_on_the_stored_values(demo):
     trace, stored = traced_run(buggy, tokens)
     diffs = LocalDiffs.empty()
     diffs.add(model, trace, feeds(tokens, PREFILL, (1, 3, 9)), KV, stored)
-    assert diffs.kv_differing_share(layer) > 5 * KV_DIFFERING_SHARE  # keys only, and only the rotated dims
+    assert diffs.kv_differing_share(layer) > 3 * KV_DIFFERING_SHARE  # keys only, and only the rotated dims
     floor = reference_local_floor(loaded, model, [tokens], KV, PREFILL, over_stored_kv=True)
     with pytest.raises(AssertionError, match=f"layer {layer}'s stored K/V differ"):
         check_layer_local("late keys", diffs, floor)

@@ -59,8 +59,8 @@ from engine.gguf.loader import LoadedModel
 from engine.model.kv_formats import kv_format
 from engine.model.load_progress import ProgressCallback, ProgressCounter
 from engine.model.memory_plan import MemoryPlan, load_plan
-from engine.reference.kv_quant import Encoded
 from engine.model.model_footprint import footprint_of
+from engine.reference.kv_quant import Encoded
 from engine.sparse.profile import SparseProfile
 from engine.vision.device_footprint import with_tower
 from engine.vision.encoder import ImageEncoder, loaded_tower

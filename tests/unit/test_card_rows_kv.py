@@ -50,7 +50,7 @@ def traced_run(model, tokens) -> tuple[HiddenTrace, dict]:
 
 
 def test_a_replay_over_the_runs_own_rows_gives_its_rows_back(demo):
-    loaded, model, tokens = demo
+    _, model, tokens = demo
     trace, stored = traced_run(model, tokens)
     cfg = model.cfg
     caches = {i: CardRowsKV(cfg.n_head_kv, cfg.head_dim, KV, k, v) for i, (k, v) in stored.items()}

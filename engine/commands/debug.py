@@ -9,7 +9,9 @@ tool itself runs without a GPU). Feeds: the prompt in one call (the CUDA backend
 chunks), then `--steps` one-token decode steps teacher-forced with the baseline's greedy tokens.
 `--layer-local` compares each block of the other side with the reference's replay of that block on the other
 side's own inputs to it (engine.reference.layer_replay), so rounding does not accumulate over layers and
-the first wrong block stands out.
+the first wrong block stands out. Its attention attends over the other side's own stored K/V rows
+(engine.reference.staged_kv.CardRowsKV), whose values are checked against the reference's encoding instead: the
+report lists each attention layer's share of differing values and the layers over STORED_KV_DIFFERING_BOUND.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--layer-local", action="store_true",
                    help="compare each block with the reference's replay of it on the other side's own inputs "
                         "(engine.reference.layer_replay): differences do not accumulate, so the first bad block "
-                        "stands out by orders of magnitude (logits stay whole-model)")
+                        "stands out by orders of magnitude (logits stay whole-model); attention is replayed over "
+                        "the other side's own K/V rows, and the report gives the share of them that differ from "
+                        "the reference's encoding")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -88,17 +92,26 @@ def compare(baseline, other, prompt: list[int], steps: int, threshold: float, la
             kv: str = "f16"):
     """Feed the prompt and `steps` of the baseline's own greedy tokens to both sides (`feed(chunk)` → the last
     token's logits; `trace`), and compare their traces (engine.generation.hidden_compare); `layer_local`: the
-    other side's trace against the baseline model's replay of each block on that trace's own inputs."""
+    other side's trace against the baseline model's replay of each block on that trace's own inputs, attending
+    over the other side's stored K/V rows (`stored_kv()`), whose differing shares the report then carries."""
+    import dataclasses
+
     from engine.generation.hidden_compare import compare_traces
     from engine.reference.layer_replay import replay_layers
+    from engine.reference.staged_kv import STORED_KV_DIFFERING_BOUND, card_rows_caches
 
     feeds, base_logits = [list(prompt)], [baseline.feed(list(prompt))]
     for _ in range(steps):  # the baseline's greedy continuation, one feed per token
         feeds.append([int(base_logits[-1].argmax())])
         base_logits.append(baseline.feed(feeds[-1]))
     other_logits = [other.feed(chunk) for chunk in feeds]
-    base_trace = replay_layers(baseline.model, other.trace, feeds, kv) if layer_local else baseline.trace
-    return compare_traces(base_trace, other.trace, base_logits, other_logits, threshold)
+    if not layer_local:
+        return compare_traces(baseline.trace, other.trace, base_logits, other_logits, threshold)
+    caches = card_rows_caches(baseline.model.cfg, kv, other.stored_kv())
+    base_trace = replay_layers(baseline.model, other.trace, feeds, kv, caches)
+    report = compare_traces(base_trace, other.trace, base_logits, other_logits, threshold)
+    return dataclasses.replace(report, stored_kv={i: c.differing_share for i, c in caches.items()},
+                               stored_kv_bound=STORED_KV_DIFFERING_BOUND)
 
 
 class ReferenceSide:
@@ -120,6 +133,10 @@ class ReferenceSide:
         with tracing(self.trace):
             return self.model.forward(chunk, self.state)[-1]
 
+    def stored_kv(self) -> dict:
+        """Its attention layers' stored K and V rows (`Encoded` pairs by layer)."""
+        return {i: cache.encoded() for i, cache in self.state.kv.items()}
+
 
 class CudaSide:
     """One CUDA card's eager path with hidden-row capture on; `close()` frees the card."""
@@ -134,6 +151,10 @@ class CudaSide:
 
     def feed(self, chunk: list[int]) -> np.ndarray:
         return self.gpu.forward_last(chunk, self.seq)
+
+    def stored_kv(self) -> dict:
+        """Its attention layers' stored K and V rows, downloaded (`Encoded` pairs by layer)."""
+        return self.gpu.stored_kv(self.seq.slot)
 
     def close(self) -> None:
         self.gpu.close()

@@ -4,12 +4,14 @@
 and another backend or mode) and reports, for every place in forward order, the relative difference of
 each token's row, max |a - b| / max |b| over the row's D values, as its worst and median over the tokens,
 and names the first place whose worst token is over a threshold. A bug inside one layer shows as a jump
-at that layer's sub-step while the places before it stay at the rounding floor.
+at that layer's sub-step while the places before it stay at the rounding floor. A layer-local comparison whose
+replay attended over the other run's own K/V rows also reports, per attention layer, the share of those stored
+values that differ from the replay's own encoding of them, and the layers over a bound.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -32,16 +34,26 @@ class CompareReport:
     logits_agree: int  # feeds whose arg-max agrees
     feeds: int
     threshold: float
+    stored_kv: dict[int, float] = field(default_factory=dict)  # attention layer -> share of stored values differing
+    stored_kv_bound: float = 0.0
 
     @property
     def first_over(self) -> PlaceDiff | None:
         return next((p for p in self.places if not p.worst <= self.threshold), None)
 
+    @property
+    def stored_kv_over(self) -> list[int]:
+        return [layer for layer, share in sorted(self.stored_kv.items()) if not share <= self.stored_kv_bound]
+
     def as_dict(self) -> dict:
         first = self.first_over
-        return {"threshold": self.threshold, "places": [asdict(p) for p in self.places],
-                "logits": {"worst": self.logits_worst, "top1_agree": self.logits_agree, "feeds": self.feeds},
-                "first_over": None if first is None else asdict(first)}
+        out = {"threshold": self.threshold, "places": [asdict(p) for p in self.places],
+               "logits": {"worst": self.logits_worst, "top1_agree": self.logits_agree, "feeds": self.feeds},
+               "first_over": None if first is None else asdict(first)}
+        if self.stored_kv:
+            out["stored_kv"] = {"bound": self.stored_kv_bound, "over": self.stored_kv_over,
+                                "differing": {str(layer): share for layer, share in sorted(self.stored_kv.items())}}
+        return out
 
     def render(self) -> str:
         lines = [f"{'layer':>5} {'step':<6} {'worst rel':>10} {'at token':>8} {'median':>10}"]
@@ -53,6 +65,11 @@ class CompareReport:
         lines.append(f"first place over {self.threshold:g}: "
                      + ("none" if first is None else f"layer {first.layer} {first.step} ({first.worst:.3e} at token "
                                                      f"{first.worst_token})"))
+        if self.stored_kv:
+            shares = ", ".join(f"layer {layer} {share:.2e}" for layer, share in sorted(self.stored_kv.items()))
+            over = ", ".join(map(str, self.stored_kv_over)) or "none"
+            lines.append(f"stored K/V values differing from the replay's encoding: {shares}; layers over "
+                         f"{self.stored_kv_bound:g}: {over}")
         return "\n".join(lines)
 
 

@@ -9,7 +9,11 @@ own stored rows (`CardRowsKV`), checking its encoding row by row instead.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
+
+from engine.gguf.config import ModelConfig
 
 from engine.reference.kv_quant import Encoded
 from engine.reference.model import ReferenceModel
@@ -21,6 +25,13 @@ class Fp16StagedKV(KVCache):
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         super().append(_fp16(k), _fp16(v))
+
+
+# The share of a layer's stored K/V values that may differ from a replay's own encoding of them (CardRowsKV). Correct
+# code rounds a value to the neighbouring fp16 number or code now and then: 0 to 6.3e-3 of the values in the
+# head-grouping test's g3-hv1 model across its six formats (H200, 2026-12-04, s20d); keys rotated one position late in
+# one layer changed 11.6% (tests/unit/test_card_rows_kv.py), a wrong K/V path most values.
+STORED_KV_DIFFERING_BOUND = 3e-2
 
 
 class CardRowsKV(Fp16StagedKV):
@@ -39,6 +50,10 @@ class CardRowsKV(Fp16StagedKV):
         self.card_k, self.card_v = card_k, card_v
         self.differing = self.compared = 0
 
+    @property
+    def differing_share(self) -> float:
+        return self.differing / self.compared if self.compared else 0.0
+
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         rows = slice(self.length, self.length + k.shape[0])
         if rows.stop > self.card_k.codes.shape[0]:
@@ -51,6 +66,12 @@ class CardRowsKV(Fp16StagedKV):
             self.compared += mine.size
             kept.write(self.length, stored)
         self.length = rows.stop
+
+
+def card_rows_caches(cfg: ModelConfig, kv: str, stored: Mapping[int, tuple[Encoded, Encoded]]) -> dict[int, CardRowsKV]:
+    """A `CardRowsKV` per attention layer of `stored` (its K and V rows by layer), in KV format `kv`."""
+    fmt = None if kv == "f16" else kv
+    return {i: CardRowsKV(cfg.n_head_kv, cfg.head_dim, fmt, k, v) for i, (k, v) in stored.items()}
 
 
 def _fp16(x: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
 """`rigllm debug compare --backend cuda` on the card (issue 25): the trained fixture's blocks, layer-local, stay
-under the default threshold in f16 and a quantised format, and the report names every place."""
+under the default threshold in f16 and a quantised format, the report names every place, and no attention layer's
+stored K/V values differ from the reference's encoding in more than the bound's share."""
 
 from __future__ import annotations
 
@@ -22,3 +23,4 @@ def test_debug_compare_on_the_card_finds_no_divergence_in_the_fixture(kv):
     print(json.dumps(report, indent=1))
     assert len(report["places"]) == 3 * 4
     assert report["first_over"] is None, f"{kv}: diverges at {report['first_over']}"
+    assert report["stored_kv"]["differing"] and report["stored_kv"]["over"] == [], report["stored_kv"]

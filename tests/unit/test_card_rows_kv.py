@@ -13,10 +13,8 @@ from engine.generation.hidden_compare import row_differences
 from engine.gguf.loader import load_model
 from engine.reference.hidden_trace import HiddenTrace, tracing
 from engine.reference.layer_replay import replay_layers
-from engine.reference.staged_kv import CardRowsKV, card_like_state
-from tests.teeth import (
-    KV_DIFFERING_SHARE, LocalDiffs, check_layer_local, feeds, kernel_reference, reference_local_floor,
-)
+from engine.reference.staged_kv import STORED_KV_DIFFERING_BOUND, CardRowsKV, card_like_state, card_rows_caches
+from tests.teeth import LocalDiffs, check_layer_local, feeds, kernel_reference, reference_local_floor
 
 KV = "k8v4"
 PREFILL = 40
@@ -53,7 +51,7 @@ def test_a_replay_over_the_runs_own_rows_gives_its_rows_back(demo):
     _, model, tokens = demo
     trace, stored = traced_run(model, tokens)
     cfg = model.cfg
-    caches = {i: CardRowsKV(cfg.n_head_kv, cfg.head_dim, KV, k, v) for i, (k, v) in stored.items()}
+    caches = card_rows_caches(cfg, KV, stored)
     assert caches, "the demo model has attention layers"
     replay = replay_layers(model, trace, feeds(tokens, PREFILL, (1, 3, 9)), KV, caches)
     for place in trace.places():
@@ -70,7 +68,7 @@ def test_keys_rotated_late_in_one_layer_fail_on_the_stored_values(demo):
     trace, stored = traced_run(buggy, tokens)
     diffs = LocalDiffs.empty()
     diffs.add(model, trace, feeds(tokens, PREFILL, (1, 3, 9)), KV, stored)
-    assert diffs.kv_differing_share(layer) > 3 * KV_DIFFERING_SHARE  # keys only, and only the rotated dims
+    assert diffs.kv_differing_share(layer) > 3 * STORED_KV_DIFFERING_BOUND  # keys only, and only the rotated dims
     floor = reference_local_floor(loaded, model, [tokens], KV, PREFILL, over_stored_kv=True)
     with pytest.raises(AssertionError, match=f"layer {layer}'s stored K/V differ"):
         check_layer_local("late keys", diffs, floor)
@@ -84,3 +82,19 @@ def test_the_card_must_have_stored_every_replayed_row(demo):
     rows = np.zeros((PREFILL + 1, model.cfg.n_head_kv, model.cfg.head_dim), np.float32)
     with pytest.raises(ValueError, match=f"the card stored {PREFILL} rows, the replay reached {PREFILL + 1}"):
         cache.append(rows, rows)
+
+
+def test_debug_compare_layer_local_names_the_layer_whose_stored_keys_differ(demo):
+    """`rigllm debug compare --layer-local` replays over the other side's K/V rows: keys rotated late in one layer
+    leave every row the same (the replay attends over the same keys) and show in that layer's stored share alone."""
+    from engine.commands.debug import ReferenceSide, compare
+    from engine.reference.activation_rounding import ActivationRounding
+
+    loaded, _, tokens = demo
+    baseline, other = (ReferenceSide(loaded, ActivationRounding.KERNEL, KV) for _ in range(2))
+    layer = next(i for i, block in enumerate(other.model.blocks) if not block.is_gdn)
+    other.model.blocks[layer].rope = _LateKeys(other.model.rope)
+    report = compare(baseline, other, tokens[:PREFILL], 6, threshold=1e-2, layer_local=True, kv=KV)
+    print(report.render())
+    assert report.first_over is None and report.stored_kv_over == [layer]
+    assert report.as_dict()["stored_kv"]["over"] == [layer] and f"layers over 0.03: {layer}" in report.render()

@@ -220,13 +220,15 @@ def test_a_masked_step_launched_in_parts_picks_what_the_whole_step_picks(demo):
     """`launch_forward`, then `launch_picks` after the host's text work (the scheduler's way for masked requests:
     the grammars' masks come after they take the previous picks) picks what `step` picks under the same masks:
     slots 0 and 1 hold the same prompt and greedy masked requests, slot 0 stepped whole, slot 1 in parts, a new
-    mask every step, each pick among its mask's tokens."""
+    mask every step, each pick among its mask's tokens. Masked steps replay the width's one step graph with its picks
+    switched off: plain steps between them switch them back on (their picks are the arg-max of the logits, the
+    sampler of the graph's tail), and the width never gets a second graph."""
     from engine.generation.token_mask import allowed_tokens, mask_of
 
     vocab = demo.config.vocab_size
     rng = np.random.default_rng(9)
     masks = [mask_of(rng.random(vocab) < 0.1) for _ in range(13)]
-    gpu = CudaBackend(demo, context=128, chunk=64, slots=2)
+    gpu = CudaBackend(demo, context=128, chunk=64, slots=2, speculative=False)  # a lone plain step stays a step
     prompt = prompts(vocab, 1)[0]
     try:
         tokens = []
@@ -241,6 +243,12 @@ def test_a_masked_step_launched_in_parts_picks_what_the_whole_step_picks(demo):
             parts = gpu.collect()[1].token
             assert whole == parts and allowed_tokens(masks[step], vocab)[whole], f"step {step}"
             tokens = [whole, parts]
+            if step % 4 == 0:  # plain steps between masked ones: the graph's own picks again, the logits' arg-max
+                plain = [gpu.step({slot: tokens[slot]})[slot].token for slot in range(2)]
+                assert plain[0] == plain[1] == int(np.argmax(gpu._last_logits())), f"step {step}"
+                tokens = plain
+        card = gpu.slots.card
+        assert card.graph_count == len({g.label for g in card._graphs}), [g.label for g in card._graphs]
     finally:
         gpu.close()
 

@@ -73,6 +73,8 @@ class GraphApi:
     def dependents(self, node: int) -> list[int]:
         count = ctypes.c_size_t()
         self.check(self._lib.cuGraphNodeGetDependentNodes(node, None, ctypes.byref(count)), "cuGraphNodeGetDependentNodes")
+        if count.value == 0:  # asked again with an empty array, the driver answers CUDA_ERROR_INVALID_VALUE (s20g)
+            return []
         nodes = (ctypes.c_void_p * count.value)()
         self.check(self._lib.cuGraphNodeGetDependentNodes(node, nodes, ctypes.byref(count)), "cuGraphNodeGetDependentNodes")
         return [nodes[i] or 0 for i in range(count.value)]

@@ -32,7 +32,7 @@ the round across them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -73,24 +73,20 @@ class DecodeGraph:
     and skip the rest (sampling.cu's greedy exit). So one graph serves any set of slots in any mix of modes
     (issue 28: keyed by slot sets and modes, 4 slots had 80 possible graphs, 8 slots 6,560). Logprobs return
     at once for rows whose slot did not ask for them. Without `sampling` the graph is the forward pass alone
-    (a card without the head). The picks are the graph's tail: a masked step replays the graph with them
-    switched off and launches its own after its masks (`SlotDecoder._queue_forward`), so a width keeps one graph
-    whatever its steps (issue 28: graphs per card <= widths x verify widths)."""
+    (a card without the head, or a masked step's first part: `SlotDecoder._queue_forward`)."""
 
     def __init__(self, fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int):
         self.fwd, self.card = fwd, fwd.card
-        with self.card.capture(f"decode x{width}") as graph:
-            step_launches(fwd, batch, sampling, width, graph.mark_tail)
+        with self.card.capture(f"{'decode' if sampling else 'forward'} x{width}") as graph:
+            step_launches(fwd, batch, sampling, width)
         self.graph = graph
 
 
-def step_launches(fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int,
-                  before_picks: Callable[[], None] = lambda: None) -> None:
+def step_launches(fwd: ForwardPass, batch: SlotBatch, sampling: SlotSampling | None, width: int) -> None:
     """The launches of a decode step of `width` rows (what a DecodeGraph holds): the slot-indexed pass, then,
-    on the card with the head, every row's sampler and logprobs (`before_picks` called between the two)."""
+    on the card with the head, every row's sampler and logprobs."""
     fwd.run_slots(width, batch)
     if sampling is not None:
-        before_picks()
         pick_launches(fwd, batch, sampling, width)
 
 
@@ -147,6 +143,7 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: dict[int, DecodeGraph] = {}  # by batch width
+        self._forward_graphs: dict[int, DecodeGraph] = {}  # by batch width, for masked steps (`_queue_forward`)
         if self.sampling is not None:  # a masked step's mask uploads overlap its forward pass on their own stream
             self._mask_stream = card.new_stream()
             self._forward_queued, self._masks_uploaded = card.event(), card.event()
@@ -384,9 +381,9 @@ class SlotDecoder:
         return slots
 
     def _queue_rows(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None,
-                    graph: DecodeGraph, record: np.ndarray, picks: bool = True) -> None:
+                    graph: DecodeGraph, record: np.ndarray) -> None:
         """The step's record (`record`: the host's step buffer, every slot's mask entry NO_MASK, or the part
-        before the entries) and its rows' inputs, then `graph` (without its picks unless `picks`)."""
+        before the entries) and its rows' inputs, then `graph`."""
         self._write_steps(slots)
         if self.fwd.heads:
             self.gaps.started()
@@ -397,7 +394,6 @@ class SlotDecoder:
         else:
             self.fwd.h.view(0, hidden.nbytes).upload_async(hidden)
         self.steps.view(0, record.nbytes).upload_async(record)
-        graph.graph.set_tail(picks)
         self.card.replay(graph.graph)
         for slot in slots:
             self.seqs[slot].next_position += 1
@@ -419,12 +415,14 @@ class SlotDecoder:
     def _queue_forward(self, slots: list[int], feeds: Mapping[int, int], hidden: np.ndarray | None) -> None:
         """A masked step's first part (issue 28: with a fresh mask in each of 4 rows the card sat idle 214-220 µs a
         step while the host looked the masks up and uploaded them before the step): the step's record without
-        the slots' mask entries, and the width's step graph with its picks switched off, so that the host computes
-        and looks up the masks while the card runs the forward pass (`_queue_masked_picks`). (A forward-only graph
-        per width did the same, and made a card keep up to 8 more graphs.)"""
-        graph = self._graph(len(slots))  # captured before the event below is recorded: a capture would take it in
+        the slots' mask entries, and the graph of the forward pass alone, so that the host computes and looks
+        up the masks while the card runs it (`_queue_masked_picks`)."""
+        width = len(slots)
+        forward = self._forward_graphs.get(width)
+        if forward is None:  # captured before the event below is recorded: a capture would take the record in
+            forward = self._forward_graphs[width] = DecodeGraph(self.fwd, self.batch, None, width)
         self._forward_queued.record()
-        self._queue_rows(slots, feeds, hidden, graph, self._host_steps[: self._masks_at], picks=False)
+        self._queue_rows(slots, feeds, hidden, forward, self._host_steps[: self._masks_at])
 
     def _queue_masked_picks(self, slots: list[int], masks: StepMasks) -> None:
         """A masked step's second part: the masks (computed now when `masks` is a callable: the grammars' work) are

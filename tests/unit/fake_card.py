@@ -122,20 +122,8 @@ class FakeEvent(_Sync):
 
 
 class FakeGraph:
-    """A captured graph's stand-in; switching its tail (CapturedGraph.set_tail) is noted in the card's launches as
-    "<tail off>" / "<tail on>"."""
-
-    def __init__(self, label: str = "graph", card: "FakeCard | None" = None):
-        self.label, self.closed, self.card = label, False, card
-        self.has_tail, self.tail_on = False, True
-
-    def mark_tail(self) -> None:
-        self.has_tail = True
-
-    def set_tail(self, enabled: bool) -> None:
-        if enabled != self.tail_on and self.card is not None:
-            self.card.launches.append((f"<tail {'on' if enabled else 'off'}>", None, None, 0))
-        self.tail_on = enabled
+    def __init__(self, label: str = "graph"):
+        self.label, self.closed = label, False
 
     def close(self) -> None:
         self.closed = True
@@ -177,7 +165,7 @@ class FakeCard:
 
     @contextmanager
     def capture(self, label: str, stream: Any = None) -> Iterator[FakeGraph]:
-        graph = FakeGraph(label, self)
+        graph = FakeGraph(label)
         yield graph
         self.graphs.append(graph)  # as CudaCard: kept until released or the card closes
 

@@ -196,9 +196,9 @@ def names(card: FakeCard) -> list[str]:
 
 
 def test_a_masked_step_queues_its_forward_pass_before_it_asks_for_the_masks(demo):
-    """The order on the card: the width's step graph with its picks switched off, the mask stream's wait, then
-    (after the callable ran) the card's stream waits for the uploads and the picks are launched directly. The
-    width keeps its one graph: the next plain step switches the picks back on and replays it."""
+    """The order on the card: the forward pass's graph (no sampler in it), the mask stream's wait, then (after
+    the callable ran) the card's stream waits for the uploads and the picks are launched directly. The graph is
+    captured once per width; a plain step of that width still replays its one whole-step graph."""
     card, dec = masked_decoder(demo)
     mask = mask_of(np.arange(demo.config.vocab_size) % 5 == 0)
     seen: list[list[str]] = []
@@ -209,26 +209,22 @@ def test_a_masked_step_queues_its_forward_pass_before_it_asks_for_the_masks(demo
 
     graphs = len(card.graphs)
     card.launches.clear()
-    dec.step({0: 1, 1: 2, 2: 3}, {2: mask})  # the first step of a width captures its graph, picks as its tail
-    [graph] = card.graphs[graphs:]
-    assert graph.label == "decode x3" and graph.has_tail
-    capture = names(card)[:names(card).index("<tail off>")]
-    assert "sample_scores" in capture and names(card)[len(capture) + 1] == "<replay>"
+    dec.step({0: 1, 1: 2, 2: 3}, {2: mask})  # the first masked step of a width captures its forward pass
+    assert [g.label for g in card.graphs[graphs:]] == ["forward x3"]
+    assert "sample_scores" not in names(card)[:names(card).index("<replay>")]  # none in the capture
     card.launches.clear()
     seen.clear()
     dec.step({0: 1, 1: 2, 2: 3}, masks)
     assert seen == [["<replay>", "<wait>"]]  # the forward pass was queued, then the masks were asked for
     order = names(card)
     assert order[:3] == ["<replay>", "<wait>", "<wait>"] and order[3] == "sample_scores"
-    assert "logprob_partial" in order[3:] and card.graphs[graphs:] == [graph]
+    assert "logprob_partial" in order[3:] and len(card.graphs) == graphs + 1
     entries = dec.sampling.constraints.mask_entry.download(np.int32, 3).tolist()
     assert entries[:2] == [NO_MASK, NO_MASK] and entries[2] == dec.sampling.masks.entry(mask)
+    dec.step({0: 1, 1: 2, 2: 3})  # a plain step captures the width's whole-step graph
     card.launches.clear()
     dec.step({0: 1, 1: 2, 2: 3})
-    assert names(card) == ["<tail on>", "<replay>"] and card.graphs[graphs:] == [graph]
-    card.launches.clear()
-    dec.step({0: 1, 1: 2, 2: 3})
-    assert names(card) == ["<replay>"] and graph.tail_on
+    assert names(card) == ["<replay>"] and [g.label for g in card.graphs[graphs:]] == ["forward x3", "decode x3"]
 
 
 def test_masks_that_fail_still_end_the_step_and_the_error_goes_on(demo):

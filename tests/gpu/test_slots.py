@@ -220,9 +220,9 @@ def test_a_masked_step_launched_in_parts_picks_what_the_whole_step_picks(demo):
     """`launch_forward`, then `launch_picks` after the host's text work (the scheduler's way for masked requests:
     the grammars' masks come after they take the previous picks) picks what `step` picks under the same masks:
     slots 0 and 1 hold the same prompt and greedy masked requests, slot 0 stepped whole, slot 1 in parts, a new
-    mask every step, each pick among its mask's tokens. Masked steps replay the width's one step graph with its picks
-    switched off: plain steps between them switch them back on (their picks are the arg-max of the logits, the
-    sampler of the graph's tail), and the width never gets a second graph."""
+    mask every step, each pick among its mask's tokens. Plain steps between masked ones replay the width's whole-step
+    graph again (their picks the arg-max of the logits), and no graph is captured twice (one whole-step and one
+    forward-only graph for the width)."""
     from engine.generation.token_mask import allowed_tokens, mask_of
 
     vocab = demo.config.vocab_size
@@ -243,7 +243,7 @@ def test_a_masked_step_launched_in_parts_picks_what_the_whole_step_picks(demo):
             parts = gpu.collect()[1].token
             assert whole == parts and allowed_tokens(masks[step], vocab)[whole], f"step {step}"
             tokens = [whole, parts]
-            if step % 4 == 0:  # plain steps between masked ones: the graph's own picks again, the logits' arg-max
+            if step % 4 == 0:  # plain steps between masked ones: the whole-step graph's picks, the logits' arg-max
                 plain = [gpu.step({slot: tokens[slot]})[slot].token for slot in range(2)]
                 assert plain[0] == plain[1] == int(np.argmax(gpu._last_logits())), f"step {step}"
                 tokens = plain

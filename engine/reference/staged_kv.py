@@ -14,7 +14,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from engine.gguf.config import ModelConfig
-
 from engine.reference.kv_quant import Encoded
 from engine.reference.model import ReferenceModel
 from engine.reference.state import KVCache, SequenceState
@@ -45,7 +44,7 @@ class CardRowsKV(Fp16StagedKV):
     stored values that differ from the card's (`differing` of `compared`), a rare flip in correct code and most
     values in a wrong K/V path."""
 
-    def __init__(self, n_kv_heads: int, head_dim: int, kv_format: str | None, card_k: Encoded, card_v: Encoded):
+    def __init__(self, n_kv_heads: int, head_dim: int, kv_format: str, card_k: Encoded, card_v: Encoded):
         super().__init__(n_kv_heads, head_dim, kv_format)
         self.card_k, self.card_v = card_k, card_v
         self.differing = self.compared = 0
@@ -70,8 +69,7 @@ class CardRowsKV(Fp16StagedKV):
 
 def card_rows_caches(cfg: ModelConfig, kv: str, stored: Mapping[int, tuple[Encoded, Encoded]]) -> dict[int, CardRowsKV]:
     """A `CardRowsKV` per attention layer of `stored` (its K and V rows by layer), in KV format `kv`."""
-    fmt = None if kv == "f16" else kv
-    return {i: CardRowsKV(cfg.n_head_kv, cfg.head_dim, fmt, k, v) for i, (k, v) in stored.items()}
+    return {i: CardRowsKV(cfg.n_head_kv, cfg.head_dim, kv, k, v) for i, (k, v) in stored.items()}
 
 
 def _fp16(x: np.ndarray) -> np.ndarray:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.commands.debug import ReferenceSide, compare
 from engine.fixtures.demo_model import ensure_demo_model
 from engine.generation.hidden_compare import row_differences
 from engine.gguf.loader import load_model
-from engine.reference.hidden_trace import HiddenTrace, tracing
+from engine.reference.activation_rounding import ActivationRounding
+from engine.reference.hidden_trace import HiddenTrace
 from engine.reference.layer_replay import replay_layers
-from engine.reference.staged_kv import STORED_KV_DIFFERING_BOUND, CardRowsKV, card_like_state, card_rows_caches
+from engine.reference.staged_kv import STORED_KV_DIFFERING_BOUND, CardRowsKV, card_rows_caches
 from tests.teeth import LocalDiffs, check_layer_local, feeds, kernel_reference, reference_local_floor
 
 KV = "k8v4"
@@ -38,18 +40,17 @@ def demo():
     return loaded, kernel_reference(loaded), tokens
 
 
-def traced_run(model, tokens) -> tuple[HiddenTrace, dict]:
+def traced_run(loaded, model, tokens) -> tuple[HiddenTrace, dict]:
     """The model's trace over the feeds of `tokens` and its attention layers' stored rows."""
-    state, trace = card_like_state(model, KV), HiddenTrace()
-    with tracing(trace):
-        for chunk in feeds(tokens, PREFILL, (1, 3, 9)):
-            model.forward(chunk, state)
-    return trace, {i: cache.encoded() for i, cache in state.kv.items()}
+    side = ReferenceSide(loaded, ActivationRounding.KERNEL, KV, model=model)
+    for chunk in feeds(tokens, PREFILL, (1, 3, 9)):
+        side.feed(chunk)
+    return side.trace, side.stored_kv()
 
 
 def test_a_replay_over_the_runs_own_rows_gives_its_rows_back(demo):
-    _, model, tokens = demo
-    trace, stored = traced_run(model, tokens)
+    loaded, model, tokens = demo
+    trace, stored = traced_run(loaded, model, tokens)
     cfg = model.cfg
     caches = card_rows_caches(cfg, KV, stored)
     assert caches, "the demo model has attention layers"
@@ -65,7 +66,7 @@ def test_keys_rotated_late_in_one_layer_fail_on_the_stored_values(demo):
     layer = next(i for i, block in enumerate(model.blocks) if not block.is_gdn)
     buggy = kernel_reference(loaded)
     buggy.blocks[layer].rope = _LateKeys(buggy.rope)
-    trace, stored = traced_run(buggy, tokens)
+    trace, stored = traced_run(loaded, buggy, tokens)
     diffs = LocalDiffs.empty()
     diffs.add(model, trace, feeds(tokens, PREFILL, (1, 3, 9)), KV, stored)
     assert diffs.kv_differing_share(layer) > 3 * STORED_KV_DIFFERING_BOUND  # keys only, and only the rotated dims
@@ -75,8 +76,8 @@ def test_keys_rotated_late_in_one_layer_fail_on_the_stored_values(demo):
 
 
 def test_the_card_must_have_stored_every_replayed_row(demo):
-    _, model, tokens = demo
-    _, stored = traced_run(model, tokens[:PREFILL])
+    loaded, model, tokens = demo
+    _, stored = traced_run(loaded, model, tokens[:PREFILL])
     k, v = next(iter(stored.values()))
     cache = CardRowsKV(model.cfg.n_head_kv, model.cfg.head_dim, KV, k, v)
     rows = np.zeros((PREFILL + 1, model.cfg.n_head_kv, model.cfg.head_dim), np.float32)
@@ -87,9 +88,6 @@ def test_the_card_must_have_stored_every_replayed_row(demo):
 def test_debug_compare_layer_local_names_the_layer_whose_stored_keys_differ(demo):
     """`rigllm debug compare --layer-local` replays over the other side's K/V rows: keys rotated late in one layer
     leave every row the same (the replay attends over the same keys) and show in that layer's stored share alone."""
-    from engine.commands.debug import ReferenceSide, compare
-    from engine.reference.activation_rounding import ActivationRounding
-
     loaded, _, tokens = demo
     baseline, other = (ReferenceSide(loaded, ActivationRounding.KERNEL, KV) for _ in range(2))
     layer = next(i for i, block in enumerate(other.model.blocks) if not block.is_gdn)

@@ -164,3 +164,162 @@ __device__ __forceinline__ void gemm_body(const signed char* __restrict__ qs, co
 
 RIGLLM_GEMM_Q8(gemm_q8_0_q8_1, 1)
 RIGLLM_GEMM_Q8(gemm_q8_0_q8_1_db, 2)
+
+// ---- register-blocked tiles (probe) ----
+template <int RI_, int TJ_, int BK_>
+struct Q8Tile {
+    static constexpr int RI = RI_, TJ = TJ_, BK = BK_;
+    static constexpr int BR = GEMM_LANES * RI, BT = GEMM_LANES * TJ;
+    static constexpr int BLOCKS = BK / 32;
+    static constexpr int PITCH = BK + 16;
+    static constexpr int LINE_CHUNKS = BK / 16;
+    static constexpr int W_CHUNKS = BR * LINE_CHUNKS / GEMM_THREADS;
+    static constexpr int X_CHUNKS = BT * LINE_CHUNKS / GEMM_THREADS;
+    static constexpr int W_SCALES = (BR * BLOCKS + GEMM_THREADS - 1) / GEMM_THREADS;
+    static constexpr int X_SCALES = (BT * BLOCKS + GEMM_THREADS - 1) / GEMM_THREADS;
+    static_assert(BR * LINE_CHUNKS % GEMM_THREADS == 0 && BT * LINE_CHUNKS % GEMM_THREADS == 0, "whole chunks");
+    static_assert(RI % 4 == 0 && TJ % 4 == 0, "scales fetched as float4");
+};
+
+template <class S>
+struct Q8TileSmem {
+    signed char wq[S::BR * S::PITCH];
+    signed char xq[S::BT * S::PITCH];
+    float ws[S::BLOCKS][GEMM_LANES][S::RI];
+    float xs[S::BLOCKS][GEMM_LANES][S::TJ];
+};
+
+template <class S>
+struct Q8TileRegs {
+    int4 w[S::W_CHUNKS];
+    int4 x[S::X_CHUNKS];
+    float ws[S::W_SCALES];
+    float xs[S::X_SCALES];
+};
+
+template <class S>
+__device__ __forceinline__ void tile_load(Q8TileRegs<S>& st, const signed char* __restrict__ qs,
+                                          const __half* __restrict__ dw, const signed char* __restrict__ xq,
+                                          const float* __restrict__ xd, int r0, int rows, int t0, int T, int K,
+                                          int k0) {
+#pragma unroll
+    for (int h = 0; h < S::W_CHUNKS; ++h) {
+        const int c = threadIdx.x + GEMM_THREADS * h;
+        st.w[h] = load_chunk<true>(qs, r0 + c / S::LINE_CHUNKS, rows, K, k0 + (c % S::LINE_CHUNKS) * 16);
+    }
+#pragma unroll
+    for (int h = 0; h < S::X_CHUNKS; ++h) {
+        const int c = threadIdx.x + GEMM_THREADS * h;
+        st.x[h] = load_chunk<false>(xq, t0 + c / S::LINE_CHUNKS, T, K, k0 + (c % S::LINE_CHUNKS) * 16);
+    }
+    const int nblk = K / 32;
+#pragma unroll
+    for (int h = 0; h < S::W_SCALES; ++h) {
+        const int e = threadIdx.x + GEMM_THREADS * h;
+        const int r = r0 + e / S::BLOCKS;
+        const int b = k0 / 32 + e % S::BLOCKS;
+        st.ws[h] = (e < S::BR * S::BLOCKS && r < rows && b < nblk) ? __half2float(dw[(size_t)r * nblk + b]) : 0.0f;
+    }
+#pragma unroll
+    for (int h = 0; h < S::X_SCALES; ++h) {
+        const int e = threadIdx.x + GEMM_THREADS * h;
+        const int t = t0 + e / S::BLOCKS;
+        const int b = k0 / 32 + e % S::BLOCKS;
+        st.xs[h] = (e < S::BT * S::BLOCKS && t < T && b < nblk) ? xd[(size_t)t * nblk + b] : 0.0f;
+    }
+}
+
+template <class S>
+__device__ __forceinline__ void tile_store(Q8TileSmem<S>& sm, const Q8TileRegs<S>& st) {
+#pragma unroll
+    for (int h = 0; h < S::W_CHUNKS; ++h) {
+        const int c = threadIdx.x + GEMM_THREADS * h;
+        *reinterpret_cast<int4*>(sm.wq + (c / S::LINE_CHUNKS) * S::PITCH + (c % S::LINE_CHUNKS) * 16) = st.w[h];
+    }
+#pragma unroll
+    for (int h = 0; h < S::X_CHUNKS; ++h) {
+        const int c = threadIdx.x + GEMM_THREADS * h;
+        *reinterpret_cast<int4*>(sm.xq + (c / S::LINE_CHUNKS) * S::PITCH + (c % S::LINE_CHUNKS) * 16) = st.x[h];
+    }
+#pragma unroll
+    for (int h = 0; h < S::W_SCALES; ++h) {
+        const int e = threadIdx.x + GEMM_THREADS * h;
+        const int line = e / S::BLOCKS;
+        if (e < S::BR * S::BLOCKS) sm.ws[e % S::BLOCKS][line % GEMM_LANES][line / GEMM_LANES] = st.ws[h];
+    }
+#pragma unroll
+    for (int h = 0; h < S::X_SCALES; ++h) {
+        const int e = threadIdx.x + GEMM_THREADS * h;
+        const int line = e / S::BLOCKS;
+        if (e < S::BT * S::BLOCKS) sm.xs[e % S::BLOCKS][line % GEMM_LANES][line / GEMM_LANES] = st.xs[h];
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void load_scales(const float* src, float (&v)[N]) {
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+        const float4 f = reinterpret_cast<const float4*>(src)[q];
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+}
+
+template <class S>
+__device__ __forceinline__ void tile_block(const Q8TileSmem<S>& sm, int blk, int tr, int tt,
+                                           float (&acc)[S::RI][S::TJ]) {
+    int4 w[S::RI][2];
+#pragma unroll
+    for (int i = 0; i < S::RI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            w[i][h] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * S::PITCH + blk * 32 + 16 * h);
+    float wv[S::RI], xv[S::TJ];
+    load_scales(sm.ws[blk][tr], wv);
+    load_scales(sm.xs[blk][tt], xv);
+#pragma unroll
+    for (int j = 0; j < S::TJ; ++j) {
+        const signed char* xrow = sm.xq + (tt + GEMM_LANES * j) * S::PITCH + blk * 32;
+        const int4 x0 = *reinterpret_cast<const int4*>(xrow);
+        const int4 x1 = *reinterpret_cast<const int4*>(xrow + 16);
+#pragma unroll
+        for (int i = 0; i < S::RI; ++i) {
+            const int s = rigllm::dot_int8x16(w[i][1], x1, rigllm::dot_int8x16(w[i][0], x0, rigllm::DOT_FLOAT_BIAS));
+            acc[i][j] += rigllm::biased_dot_to_float(s) * (wv[i] * xv[j]);
+        }
+    }
+}
+
+template <class S, int STAGES>
+__device__ __forceinline__ void tile_body(const signed char* __restrict__ qs, const __half* __restrict__ dw,
+                                          const signed char* __restrict__ xq, const float* __restrict__ xd, float* y,
+                                          const float* residual, int rows, int K, int end0, int end1, int end2,
+                                          int T) {
+    __shared__ __align__(16) Q8TileSmem<S> sm[STAGES];
+    const int tr = threadIdx.x % GEMM_LANES;
+    const int tt = threadIdx.x / GEMM_LANES;
+    const int t0 = blockIdx.x * S::BT;
+    const int r0 = blockIdx.y * S::BR;
+    float acc[S::RI][S::TJ];
+    Q8TileRegs<S> st;
+    rigllm::gemm_staged_k<STAGES, S::BK>(
+        sm, K, acc, [&](int k) { tile_load<S>(st, qs, dw, xq, xd, r0, rows, t0, T, K, k); },
+        [&](Q8TileSmem<S>& tile, int) { tile_store<S>(tile, st); },
+        [&](const Q8TileSmem<S>& tile, float (&sums)[S::RI][S::TJ]) {
+#pragma unroll
+            for (int blk = 0; blk < S::BLOCKS; ++blk) tile_block<S>(tile, blk, tr, tt, sums);
+        });
+    rigllm::gemm_tile_store(acc, r0, tr, t0, tt, rows, T, end0, end1, end2, y, residual);
+}
+
+#define RIGLLM_GEMM_Q8_TILE(NAME, RI, TJ, BK, STAGES, MIN_BLOCKS)                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMM_THREADS, MIN_BLOCKS)                                          \
+        NAME(const signed char* __restrict__ qs, const __half* __restrict__ dw, const signed char* __restrict__ xq, \
+             const float* __restrict__ xd, float* y, const float* residual, int rows, int K, int end0, int end1,   \
+             int end2, int T) {                                                                                   \
+        tile_body<Q8Tile<RI, TJ, BK>, STAGES>(qs, dw, xq, xd, y, residual, rows, K, end0, end1, end2, T);          \
+    }
+
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k128, 4, 4, 128, 2, 2)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t88k64, 8, 8, 64, 2, 1)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t84k64, 8, 4, 64, 2, 1)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k64b2, 4, 4, 64, 2, 2)

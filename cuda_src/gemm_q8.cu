@@ -267,26 +267,31 @@ __device__ __forceinline__ void load_scales(const float* src, float (&v)[N]) {
 template <class S>
 __device__ __forceinline__ void tile_block(const Q8TileSmem<S>& sm, int blk, int tr, int tt,
                                            float (&acc)[S::RI][S::TJ]) {
-    int4 w[S::RI][2];
+    int isum[S::RI][S::TJ];
 #pragma unroll
     for (int i = 0; i < S::RI; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            w[i][h] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * S::PITCH + blk * 32 + 16 * h);
+        for (int j = 0; j < S::TJ; ++j) isum[i][j] = rigllm::DOT_FLOAT_BIAS;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int4 w[S::RI];
+#pragma unroll
+        for (int i = 0; i < S::RI; ++i)
+            w[i] = *reinterpret_cast<const int4*>(sm.wq + (tr + GEMM_LANES * i) * S::PITCH + blk * 32 + 16 * h);
+#pragma unroll
+        for (int j = 0; j < S::TJ; ++j) {
+            const int4 x = *reinterpret_cast<const int4*>(sm.xq + (tt + GEMM_LANES * j) * S::PITCH + blk * 32 + 16 * h);
+#pragma unroll
+            for (int i = 0; i < S::RI; ++i) isum[i][j] = rigllm::dot_int8x16(w[i], x, isum[i][j]);
+        }
+    }
     float wv[S::RI], xv[S::TJ];
     load_scales(sm.ws[blk][tr], wv);
     load_scales(sm.xs[blk][tt], xv);
 #pragma unroll
-    for (int j = 0; j < S::TJ; ++j) {
-        const signed char* xrow = sm.xq + (tt + GEMM_LANES * j) * S::PITCH + blk * 32;
-        const int4 x0 = *reinterpret_cast<const int4*>(xrow);
-        const int4 x1 = *reinterpret_cast<const int4*>(xrow + 16);
+    for (int i = 0; i < S::RI; ++i)
 #pragma unroll
-        for (int i = 0; i < S::RI; ++i) {
-            const int s = rigllm::dot_int8x16(w[i][1], x1, rigllm::dot_int8x16(w[i][0], x0, rigllm::DOT_FLOAT_BIAS));
-            acc[i][j] += rigllm::biased_dot_to_float(s) * (wv[i] * xv[j]);
-        }
-    }
+        for (int j = 0; j < S::TJ; ++j) acc[i][j] += rigllm::biased_dot_to_float(isum[i][j]) * (wv[i] * xv[j]);
 }
 
 template <class S, int STAGES>
@@ -294,7 +299,8 @@ __device__ __forceinline__ void tile_body(const signed char* __restrict__ qs, co
                                           const signed char* __restrict__ xq, const float* __restrict__ xd, float* y,
                                           const float* residual, int rows, int K, int end0, int end1, int end2,
                                           int T) {
-    __shared__ __align__(16) Q8TileSmem<S> sm[STAGES];
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    Q8TileSmem<S>(&sm)[STAGES] = *reinterpret_cast<Q8TileSmem<S>(*)[STAGES]>(dyn_smem);
     const int tr = threadIdx.x % GEMM_LANES;
     const int tt = threadIdx.x / GEMM_LANES;
     const int t0 = blockIdx.x * S::BT;
@@ -319,7 +325,7 @@ __device__ __forceinline__ void tile_body(const signed char* __restrict__ qs, co
         tile_body<Q8Tile<RI, TJ, BK>, STAGES>(qs, dw, xq, xd, y, residual, rows, K, end0, end1, end2, T);          \
     }
 
-RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k128, 4, 4, 128, 2, 2)
-RIGLLM_GEMM_Q8_TILE(gemm_probe_t88k64, 8, 8, 64, 2, 1)
-RIGLLM_GEMM_Q8_TILE(gemm_probe_t84k64, 8, 4, 64, 2, 1)
-RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k64b2, 4, 4, 64, 2, 2)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k128s2, 4, 4, 128, 2, 2)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k256s1, 4, 4, 256, 1, 2)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t44k256s2, 4, 4, 256, 2, 2)
+RIGLLM_GEMM_Q8_TILE(gemm_probe_t84k128s1, 8, 4, 128, 1, 1)

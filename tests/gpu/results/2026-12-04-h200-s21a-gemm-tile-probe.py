@@ -1,4 +1,4 @@
-"""s21 probe: register-blocked prefill GEMM tiles (gemm_q8.cu's gemm_probe_t<RI><TJ>k<BK>[b2]) against the committed
+"""s21a probe: register-blocked prefill GEMM tiles (gemm_q8.cu's gemm_probe_t<RI><TJ>k<BK>[b2]) against the committed
 64 x 64 tile (gemm_q8_0_q8_1 and _db). Each variant: bit-compared to _db on random inputs (tails in rows, tokens
 and K included), then timed as a graph of 10 calls on prefill shapes, with the DP4A peak and fold ceiling of the same
 run. usage: python3 PROBE OUT.json

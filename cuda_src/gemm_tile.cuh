@@ -29,20 +29,20 @@ __device__ __forceinline__ void gemm_half_products(const signed char* wq, const 
     }
 }
 
-// The K loop both GEMMs run, with the thread's RI x TJ sums it fills (zeroed here): `load(k)` reads stage k (the K
-// values k .. k + BK - 1 of its rows and tokens) from global memory into the thread's registers, `store(tile, k)`
+// The K loop both GEMMs run, with the thread's 4 x 4 sums it fills (zeroed here): `load(k)` reads stage k (the K
+// values k .. k + GEMM_BK - 1 of its rows and tokens) from global memory into the thread's registers, `store(tile, k)`
 // writes those registers into a shared tile, `compute(tile, acc)` adds a staged tile's products into the sums.
 // STAGES = 1: one tile; each stage stores, waits, issues the next stage's loads, computes, and waits again before the
 // next store. STAGES = 2 (the _db kernels): two tiles in turn, so a stage's registers are stored into the other tile
 // after it is computed, and one barrier per stage replaces two (2 x 20 KB: two CTAs an SM still fit a Volta card's
 // 96 KB). Every output sums its blocks in the same order either way: the same bits.
-template <int STAGES, int BK = GEMM_BK, typename Tile, int RI, int TJ, typename Load, typename Store, typename Compute>
-__device__ __forceinline__ void gemm_staged_k(Tile (&tiles)[STAGES], int K, float (&acc)[RI][TJ], Load&& load,
+template <int STAGES, typename Tile, typename Load, typename Store, typename Compute>
+__device__ __forceinline__ void gemm_staged_k(Tile (&tiles)[STAGES], int K, float (&acc)[4][4], Load&& load,
                                               Store&& store, Compute&& compute) {
 #pragma unroll
-    for (int i = 0; i < RI; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < TJ; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
     load(0);
     if (STAGES == 2) {
@@ -50,16 +50,16 @@ __device__ __forceinline__ void gemm_staged_k(Tile (&tiles)[STAGES], int K, floa
         __syncthreads();
     }
     int cur = 0;
-    for (int k0 = 0; k0 < K; k0 += BK) {
-        const bool more = k0 + BK < K;
+    for (int k0 = 0; k0 < K; k0 += GEMM_BK) {
+        const bool more = k0 + GEMM_BK < K;
         if (STAGES == 1) {
             store(tiles[0], k0);
             __syncthreads();
         }
-        if (more) load(k0 + BK);
+        if (more) load(k0 + GEMM_BK);
         compute(tiles[cur], acc);
         if (STAGES == 2) {
-            if (more) store(tiles[cur ^ 1], k0 + BK);
+            if (more) store(tiles[cur ^ 1], k0 + GEMM_BK);
             cur ^= 1;
         }
         __syncthreads();

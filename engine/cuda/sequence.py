@@ -8,8 +8,9 @@ M-RoPE positions (spec §9.6), so after one the next token's rope position is it
 
 Sizes are fixed at creation (capacity = the planned context), so nothing is allocated while a request
 runs and captured graphs keep valid pointers. `copy_from` is a device-to-device copy (anchor-qengine.md
-§7.8); `snapshot`/`restore` copy only the used KV rows and the GDN state out to host memory and back,
-for the prefix cache, which must not hold a full-context copy per kept turn on a 16 GB card.
+§7.8); `snapshot`/`restore` copy only the used KV rows and the GDN state out to host memory and back (through the
+card's pinned staging, engine.cuda.host_staging), for the prefix cache, which must not hold a full-context copy per
+kept turn on a 16 GB card.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
+from engine.cuda.host_staging import HostStaging
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer, code_row_bytes, side_blocks
 from engine.model.kv_formats import KVFormat, kv_format
 from engine.gguf.config import ModelConfig
@@ -92,38 +94,49 @@ class DeviceSequence:
         """Write [next_position, n_tokens] for a pass over this sequence alone (synchronous)."""
         self.step.upload(np.array([self.next_position, n_tokens], dtype=np.int32))
 
-    def snapshot(self) -> tuple[int, list[np.ndarray]]:
+    def snapshot(self, staging: HostStaging) -> tuple[int, list[np.ndarray]]:
         """(position, host copies): the used rows [Hkv][pos][row bytes] of every KV plane (codes and scales, in
-        the stored format), then the GDN states. A sequence that saw images has no snapshot: its state depends
-        on which images they were, which token ids do not say (the scheduler never keeps such states)."""
+        the stored format), then the GDN states, copied through the card's pinned `staging`. A sequence that saw
+        images has no snapshot: its state depends on which images they were, which token ids do not say (the
+        scheduler never keeps such states)."""
         if self.rope_shift:
             raise ValueError("a sequence that saw images cannot be snapshotted (its token ids do not identify them)")
         pos, parts = self.next_position, []
+        pieces: list[tuple[DeviceBuffer, np.ndarray]] = []
         for plane, row_bytes in self._kv_planes():
-            parts.append(np.stack([self._rows(plane, h, pos, row_bytes).download(np.uint8, pos * row_bytes)
-                                   for h in range(self.cfg.n_head_kv)]) if pos else
-                         np.zeros((self.cfg.n_head_kv, 0), np.uint8))
+            rows = np.empty((self.cfg.n_head_kv, pos * row_bytes), np.uint8)
+            parts.append(rows)
+            pieces += [(self._rows(plane, h, pos, row_bytes), rows[h]) for h in range(self.cfg.n_head_kv)]
         for st in self.gdn.values():
-            parts += [st.conv.download(np.float32, st.conv.nbytes // F32), st.recurrent.download(np.float32, st.recurrent.nbytes // F32)]
+            conv, recurrent = np.empty(st.conv.nbytes // F32, np.float32), np.empty(st.recurrent.nbytes // F32, np.float32)
+            parts += [conv, recurrent]
+            pieces += [(st.conv, conv), (st.recurrent, recurrent)]
+        staging.download(pieces)
         return pos, parts
 
-    def restore(self, snapshot: tuple[int, list[np.ndarray]]) -> None:
+    def restore(self, snapshot: tuple[int, list[np.ndarray]], staging: HostStaging) -> None:
         """Return to a `snapshot` of a sequence of the same model and KV format (its KV rows beyond the position
-        stay stale but unread: attention reads rows below the position only)."""
+        stay stale but unread: attention reads rows below the position only), copied through `staging`."""
         pos, parts = snapshot
         if pos > self.capacity:
             raise ValueError(f"a snapshot at position {pos} does not fit a sequence of capacity {self.capacity}")
+        if len(parts) != len(self._kv_planes()) + 2 * len(self.gdn):
+            raise ValueError("the snapshot was taken with another model or KV format")
         it = iter(parts)
+        pieces: list[tuple[np.ndarray, DeviceBuffer]] = []
         for plane, row_bytes in self._kv_planes():
             rows = next(it)
-            if rows.shape[1] != pos * row_bytes:
+            if rows.shape != (self.cfg.n_head_kv, pos * row_bytes):
                 raise ValueError("the snapshot was taken with another KV format")
-            for h in range(self.cfg.n_head_kv):
-                if pos:
-                    self._rows(plane, h, pos, row_bytes).upload(np.ascontiguousarray(rows[h]))
+            pieces += [(np.ascontiguousarray(rows[h]), self._rows(plane, h, pos, row_bytes))
+                       for h in range(self.cfg.n_head_kv)]
         for st in self.gdn.values():
-            st.conv.upload(next(it))
-            st.recurrent.upload(next(it))
+            for buf in (st.conv, st.recurrent):
+                state = np.ascontiguousarray(next(it))
+                if state.nbytes != buf.nbytes:
+                    raise ValueError("the snapshot was taken with another model")
+                pieces.append((state, buf))
+        staging.upload(pieces)
         self.next_position = pos
         self.rope_shift = 0
 

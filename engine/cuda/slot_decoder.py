@@ -39,6 +39,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
+from engine.cuda.host_staging import HostStaging
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of, token_logprobs_of
 from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
 from engine.cuda.sampling import GpuSampler
@@ -127,6 +128,7 @@ class SlotDecoder:
         self._host_ids = card.pinned(MAX_SLOTS, np.int32)
         self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(4 * STEP_INTS * i, 4 * STEP_INTS),
                                     weights.span, kv) for i in range(slots)]
+        self.staging = HostStaging(card)  # the slots' snapshots and restores (the prefix cache) go through it
         self.batch = SlotBatch(self.steps.view(4 * self._rows_at, 4 * MAX_SLOTS), self.steps.view(0, 4 * self._rope_at),
                                self.steps.view(4 * self._rope_at, 4 * ROPE_INTS * slots),
                                upload_slot_tables(card, self.seqs), like=self.seqs[0])
@@ -512,11 +514,11 @@ class SlotDecoder:
 
     def snapshot_slot(self, slot: int) -> SlotSnapshot:
         self.gaps.interrupt()
-        pos, parts = self.seqs[slot].snapshot()
+        pos, parts = self.seqs[slot].snapshot(self.staging)
         return SlotSnapshot((pos, parts), sum(p.nbytes for p in parts))
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
         self.gaps.interrupt()
-        self.seqs[slot].restore(snapshot.state)
+        self.seqs[slot].restore(snapshot.state, self.staging)
         if self.speculator:
             self.speculator.leave_behind(slot)  # the snapshot holds no head cache

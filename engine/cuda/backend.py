@@ -51,7 +51,7 @@ from engine.cuda.weights import ModelWeights, MtpWeights, has_mtp, trunk_bytes, 
 from engine.errors import RigllmError
 from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
-from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, decode_tokens
+from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, SnapshotCosts, decode_tokens
 from engine.generation.speculative import SpeculationStats
 from engine.generation.token_mask import StepMasks, TokenMask
 from engine.gguf.config import ModelConfig
@@ -304,6 +304,19 @@ class CudaBackend:
         for ex, st in zip(self.executors[:-1], self.stages[:-1]):
             hidden = self._hop(ex.call(st.decoder.step_part, feeds, hidden))
         return self._on_last(lambda dec: dec.step(feeds, masks, hidden=hidden))
+
+    def snapshot_costs(self, tokens: int) -> SnapshotCosts:
+        """`RestoreCosts`: a snapshot's copies (the slowest card's: the cards copy at once) and its tokens' prefill
+        (every card's share, one after another), from each card's last timed staged copies and prefill chunk; a part
+        not yet timed on every card is None (a card times its copies at its first snapshot and restore, its prefill
+        at its first chunk of 32 tokens or more)."""
+        costs = self._on_all(lambda st: st.decoder.snapshot_costs(tokens))
+
+        def combined(parts: list[float | None], join: Callable[[list[float]], float]) -> float | None:
+            return None if any(p is None for p in parts) else join(parts)  # type: ignore[arg-type]
+
+        return SnapshotCosts(combined([c.copy_out for c in costs], max), combined([c.copy_in for c in costs], max),
+                             combined([c.prefill for c in costs], sum))
 
     def reset_slot(self, slot: int) -> None:
         self._on_all(lambda st: st.decoder.reset_slot(slot))

@@ -125,6 +125,12 @@ class Event:
         with self.card._errors("event synchronize"):
             self._event.synchronize()
 
+    def done(self) -> bool:
+        """Whether the card has passed this event's last record (never waits)."""
+        self.card._check_thread()
+        with self.card._errors("event query"):
+            return bool(self._event.query())
+
     def elapsed_ms(self, start: Event) -> float:
         """Milliseconds from `start` to this event (both recorded; this one is waited for)."""
         self.synchronize()

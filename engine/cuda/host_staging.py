@@ -11,11 +11,14 @@ Here the pieces are packed into two pinned halves in turn: the card copies one b
 the host moves the other half's bytes between the pinned buffer and the pieces' own arrays, so the link and the host's
 memcpy overlap, and the host waits once per half instead of once per piece. A piece larger than a half goes in chunks.
 The copies are stream-ordered on the card's stream (after the work queued before them), and each call returns when
-its last byte has landed.
+its last byte has landed. Each call of at least TIMED_BYTES also notes what its copies took a byte, per direction (wall
+time, from the moment the work queued before it had drained), so the backend can weigh a snapshot against
+re-prefilling its tokens (`SlotDecoder.snapshot_costs`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -24,6 +27,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard, DeviceBuffer, Event
 
 STAGING_HALF_BYTES = 8 << 20  # 16 MiB of pinned host memory a card, allocated at its first staged copy
+TIMED_BYTES = 1 << 20  # smaller calls are mostly fixed costs: their time a byte says little about a big one
 
 # one copy of a batch: (the device bytes, the host array's bytes, their place in the pinned half)
 Chunk = tuple[DeviceBuffer, np.ndarray, np.ndarray]
@@ -37,9 +41,21 @@ class HostStaging:
             raise ValueError(f"staging halves need a positive size, not {half_bytes}")
         self.card, self.half_bytes = card, half_bytes
         self._halves: np.ndarray | None = None
+        # the last timed call's, per direction: "out" (downloads, a snapshot) and "in" (uploads, a restore)
+        self.seconds_per_byte: dict[str, float] = {}
+
+    def _timed(self, pieces: Sequence[tuple[DeviceBuffer, np.ndarray]]) -> tuple[int, float]:
+        """(bytes the call moves, its start): the start once the work queued before it has drained."""
+        self.card.stream.synchronize()
+        return sum(host.nbytes for _, host in pieces), time.perf_counter()
+
+    def _note(self, direction: str, nbytes: int, start: float) -> None:
+        if nbytes >= TIMED_BYTES:
+            self.seconds_per_byte[direction] = (time.perf_counter() - start) / nbytes
 
     def download(self, pieces: Sequence[tuple[DeviceBuffer, np.ndarray]]) -> None:
         """Fill each host array (C-contiguous, as many bytes as its device piece) with its device piece."""
+        nbytes, start = self._timed(pieces)
         in_flight: deque[tuple[Event, list[Chunk]]] = deque()
         for batch in self._batches(pieces):
             if len(in_flight) == 2:  # the half this batch fills holds the batch before last: empty it first
@@ -49,11 +65,14 @@ class HostStaging:
             in_flight.append((self.card.event().record(), batch))
         while in_flight:
             _land(*in_flight.popleft())
+        self._note("out", nbytes, start)
 
     def upload(self, pieces: Sequence[tuple[np.ndarray, DeviceBuffer]]) -> None:
         """Copy each host array (C-contiguous, as many bytes as its device piece) into its device piece."""
+        swapped = [(device, host) for host, device in pieces]
+        nbytes, start = self._timed(swapped)
         in_flight: deque[Event] = deque()
-        for batch in self._batches([(device, host) for host, device in pieces]):
+        for batch in self._batches(swapped):
             if len(in_flight) == 2:  # the half this batch fills still feeds the batch before last
                 in_flight.popleft().synchronize()
             for device, host, staged in batch:
@@ -62,6 +81,7 @@ class HostStaging:
             in_flight.append(self.card.event().record())
         while in_flight:
             in_flight.popleft().synchronize()
+        self._note("in", nbytes, start)
 
     def _batches(self, pieces: Sequence[tuple[DeviceBuffer, np.ndarray]]) -> Iterator[list[Chunk]]:
         """The pieces cut into batches that each fill at most one half, the halves taken in turn. Only places are

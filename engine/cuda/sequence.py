@@ -114,6 +114,11 @@ class DeviceSequence:
         staging.download(pieces)
         return pos, parts
 
+    def snapshot_bytes(self, position: int) -> int:
+        """What a snapshot at `position` copies: the KV rows below it and every GDN state."""
+        kv = sum(self.cfg.n_head_kv * position * row_bytes for _, row_bytes in self._kv_planes())
+        return kv + sum(st.conv.nbytes + st.recurrent.nbytes for st in self.gdn.values())
+
     def restore(self, snapshot: tuple[int, list[np.ndarray]], staging: HostStaging) -> None:
         """Return to a `snapshot` of a sequence of the same model and KV format (its KV rows beyond the position
         stay stale but unread: attention reads rows below the position only), copied through `staging`."""

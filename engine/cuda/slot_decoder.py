@@ -40,6 +40,7 @@ from engine.cuda.driver import CudaCard
 from engine.cuda.forward import ForwardPass
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.host_staging import HostStaging
+from engine.cuda.prefill_clock import PrefillClock
 from engine.cuda.logprobs import LOGPROB_DTYPE, GpuLogprobs, token_logprob_of, token_logprobs_of
 from engine.cuda.prefill_chunks import PrefillChunk, segment_chunks, text_chunks
 from engine.cuda.sampling import GpuSampler
@@ -54,7 +55,7 @@ from engine.cuda.token_masks import NO_MASK
 from engine.cuda.weights import ModelWeights, MtpWeights
 from engine.errors import RigllmError
 from engine.generation.logprobs import TokenLogprob
-from engine.generation.slots import Pick, SlotRequest, SlotSnapshot
+from engine.generation.slots import Pick, SlotRequest, SlotSnapshot, SnapshotCosts
 from engine.model.kv_formats import KVFormat
 from engine.generation.speculative import SpeculationStats
 from engine.generation.token_mask import StepMasks, TokenMask, masks_now
@@ -129,6 +130,7 @@ class SlotDecoder:
         self.seqs = [DeviceSequence(card, cfg, context, f"slot{i}", self.steps.view(4 * STEP_INTS * i, 4 * STEP_INTS),
                                     weights.span, kv) for i in range(slots)]
         self.staging = HostStaging(card)  # the slots' snapshots and restores (the prefix cache) go through it
+        self.prefill_clock = PrefillClock(card)  # with the staging's copy times: what a restore would save
         self.batch = SlotBatch(self.steps.view(4 * self._rows_at, 4 * MAX_SLOTS), self.steps.view(0, 4 * self._rope_at),
                                self.steps.view(4 * self._rope_at, 4 * ROPE_INTS * slots),
                                upload_slot_tables(card, self.seqs), like=self.seqs[0])
@@ -239,7 +241,8 @@ class SlotDecoder:
         if positions is not None:
             rope = self.fwd.positions.view(0, 12 * n)
             rope.upload(np.asarray(positions, dtype=np.int32).reshape(n, 3))
-        self.fwd.run(n, seq, rope, embedded or ())
+        with self.prefill_clock.chunk(n):
+            self.fwd.run(n, seq, rope, embedded or ())
         seq.next_position += n
         if positions is not None:
             seq.rope_shift = int(np.max(positions)) + 1 - seq.next_position
@@ -516,6 +519,15 @@ class SlotDecoder:
         self.gaps.interrupt()
         pos, parts = self.seqs[slot].snapshot(self.staging)
         return SlotSnapshot((pos, parts), sum(p.nbytes for p in parts))
+
+    def snapshot_costs(self, tokens: int) -> SnapshotCosts:
+        """A snapshot of `tokens` tokens of this card's layers: its copies out and in at this card's last timed staged
+        copies, its tokens' prefill at this card's last timed chunk (None where not timed yet)."""
+        per_byte, per_token = self.staging.seconds_per_byte, self.prefill_clock.seconds_per_token()
+        nbytes = self.seqs[0].snapshot_bytes(tokens)
+        out, into = per_byte.get("out"), per_byte.get("in")
+        return SnapshotCosts(None if out is None else nbytes * out, None if into is None else nbytes * into,
+                             None if per_token is None else tokens * per_token)
 
     def restore_slot(self, slot: int, snapshot: SlotSnapshot) -> None:
         self.gaps.interrupt()

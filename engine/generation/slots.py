@@ -150,6 +150,45 @@ def launches_steps(slots: SlotBackend) -> bool:
     return callable(getattr(slots, "launch", None)) and callable(getattr(slots, "collect", None))
 
 
+@dataclass(frozen=True)
+class SnapshotCosts:
+    """Seconds a snapshot of some tokens costs, as a backend measured them: copying it out of a slot now, copying it into
+    one later, prefilling its tokens again instead (None: not measured yet). Copying a slot's state over a slow host
+    link can take longer than that prefill (a 9B slot's 50 MB of GDN state is about 0.2 s each way over a CMP's PCIe
+    Gen1 x1, where a hundred-odd tokens prefill), and then a snapshot does not pay."""
+
+    copy_out: float | None = None
+    copy_in: float | None = None
+    prefill: float | None = None
+
+    def restore_pays(self) -> bool:
+        """Copy a kept snapshot in unless that was measured to take longer than the prefill (unmeasured: restore,
+        which times the copy in)."""
+        return self.copy_in is None or self.prefill is None or self.copy_in < self.prefill
+
+    def keep_pays(self) -> bool:
+        """Keep a snapshot only where one restore repays both copies against the prefill, the copy in estimated as the
+        copy out (the same bytes over the same link) until one was timed; unmeasured, keep it (its copy times the
+        link)."""
+        if self.copy_out is None or self.prefill is None:
+            return True
+        copy_in = self.copy_out if self.copy_in is None else self.copy_in
+        return self.copy_out + copy_in < self.prefill
+
+
+class RestoreCosts(Protocol):
+    """The optional capability of a `SlotBackend` to price its snapshots (`snapshot_costs`)."""
+
+    def snapshot_costs(self, tokens: int) -> SnapshotCosts:
+        """What a snapshot of a slot holding `tokens` tokens costs, as far as the backend has measured it."""
+
+
+def snapshot_costs(slots: SlotBackend, tokens: int) -> SnapshotCosts:
+    """`slots.snapshot_costs(tokens)` where the backend has the `RestoreCosts` capability, else nothing measured."""
+    price = getattr(slots, "snapshot_costs", None)
+    return price(tokens) if callable(price) else SnapshotCosts()
+
+
 class MaskedStepLauncher(StepLauncher, Protocol):
     """The optional overlap capability for masked steps (`launches_masked_steps`): a step's forward pass queued
     before its masks are known (they come from the grammars once they have taken the previous step's picks, in

@@ -117,6 +117,9 @@ class FakeEvent(_Sync):
     def record(self, stream: Any = None) -> "FakeEvent":
         return self
 
+    def done(self) -> bool:
+        return True
+
     def elapsed_ms(self, start: "FakeEvent") -> float:
         return 1.0
 

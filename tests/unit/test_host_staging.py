@@ -34,6 +34,13 @@ class DeferredCard:
     def event(self) -> "DeferredEvent":
         return DeferredEvent(self)
 
+    @property
+    def stream(self) -> "DeferredCard":
+        return self  # the card's one stream: synchronizing it runs every queued copy
+
+    def synchronize(self) -> None:
+        self.run_until(len(self.queue))
+
     def run_until(self, mark: int) -> None:
         while self.done < mark:
             self.queue[self.done]()

@@ -37,7 +37,7 @@ from typing import cast
 
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import (ImagePrefill, MaskedStepLauncher, Pick, SlotBackend, SlotRequest, StepLauncher,
-                                     launches_masked_steps, launches_steps, supports_images)
+                                     launches_masked_steps, launches_steps, snapshot_costs, supports_images)
 from engine.generation.tokenizer import Tokenizer
 from engine.generation.token_mask import TokenMask
 from engine.generation.serving.early_launch import UNSURE, next_feed
@@ -157,6 +157,8 @@ class Scheduler:
                    key=lambda s: len(s.tokens), default=None)
         live_len = len(live.tokens) if live else 0
         cached_len, snap = cache.longest_prefix(prompt) if cache is not None else (0, None)
+        if snap is not None and cached_len > live_len and not snapshot_costs(self.backend, cached_len).restore_pays():
+            cached_len, snap = 0, None  # prefilling those tokens again is quicker than copying their state in
         try:
             if live is not None and live_len >= cached_len:
                 slot, reuse = live, live_len
@@ -179,7 +181,9 @@ class Scheduler:
         slot.pending = list(prompt[reuse:])
         slot.cached = reuse
         slot.next_token = None
-        slot.snapshot_at = job.turn_start if cache is not None and job.turn_start > reuse and prompt[: job.turn_start] not in cache else 0
+        keep = (cache is not None and job.turn_start > reuse and prompt[: job.turn_start] not in cache
+                and snapshot_costs(self.backend, job.turn_start).keep_pays())
+        slot.snapshot_at = job.turn_start if keep else 0
         slot.started = time.perf_counter()
         slot.last_used = next(self._clock)
         _report(slot)

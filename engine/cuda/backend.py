@@ -306,7 +306,7 @@ class CudaBackend:
         return self._on_last(lambda dec: dec.step(feeds, masks, hidden=hidden))
 
     def snapshot_costs(self, tokens: int) -> SnapshotCosts:
-        """`RestoreCosts`: a snapshot's copies (the slowest card's: the cards copy at once) and its tokens' prefill
+        """`SnapshotPricing`: a snapshot's copies (the slowest card's: the cards copy at once) and its tokens' prefill
         (every card's share, one after another), from each card's last timed staged copies and prefill chunk; a part
         not yet timed on every card is None (a card times its copies at its first snapshot and restore, its prefill
         at its first chunk of 32 tokens or more)."""

@@ -1,8 +1,8 @@
 """A card's recent prefill speed, read from events around its prefill chunks without waiting for them.
 
 Why: whether a prefix cache snapshot pays depends on the rig. Restoring one moves the slot's GDN states and KV rows
-over the host link (50 MB for a 9B slot: about 0.2 s each way over a CMP's PCIe Gen1 x1, 5-25 ms on the H200), while
-re-prefilling its tokens costs what this card's prefill costs (engine.cuda.backend `restore_pays`). The card times its
+over the host link (50 MB for a 9B slot: about 0.2 s each way over a CMP's PCIe Gen1 x1, 5-40 ms on the H200), while
+re-prefilling its tokens costs what this card's prefill costs (`CudaBackend.snapshot_costs`). The card times its
 own chunks: an event before and after each one's forward pass; a chunk's time is read once its end event has passed,
 so asking never stalls the card. Chunks shorter than MIN_TIMED_TOKENS are not timed: their fixed costs would make a
 prefill of many tokens look dearer than it is.

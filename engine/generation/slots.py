@@ -176,7 +176,7 @@ class SnapshotCosts:
         return self.copy_out + copy_in < self.prefill
 
 
-class RestoreCosts(Protocol):
+class SnapshotPricing(Protocol):
     """The optional capability of a `SlotBackend` to price its snapshots (`snapshot_costs`)."""
 
     def snapshot_costs(self, tokens: int) -> SnapshotCosts:
@@ -184,7 +184,7 @@ class RestoreCosts(Protocol):
 
 
 def snapshot_costs(slots: SlotBackend, tokens: int) -> SnapshotCosts:
-    """`slots.snapshot_costs(tokens)` where the backend has the `RestoreCosts` capability, else nothing measured."""
+    """`slots.snapshot_costs(tokens)` where the backend has the `SnapshotPricing` capability, else nothing measured."""
     price = getattr(slots, "snapshot_costs", None)
     return price(tokens) if callable(price) else SnapshotCosts()
 

@@ -1,4 +1,4 @@
-"""The scheduler's prefix-cache snapshots weighed by the backend's measured costs (`RestoreCosts`, `SnapshotCosts`): a
+"""The scheduler's prefix-cache snapshots weighed by the backend's measured costs (`SnapshotPricing`, `SnapshotCosts`): a
 snapshot is kept only where one restore repays both copies against prefilling its tokens again, and restored only where
 copying it in is quicker than that prefill; a backend that measures nothing (or has no such capability) keeps and
 restores every one, as before."""

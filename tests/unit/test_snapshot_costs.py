@@ -33,19 +33,16 @@ class StubEvent:
 
 
 class StubCard:
-    """Hands out the events a test scripted, in order."""
+    """Hands out the events a test scripted, in order: `card.event().record()` is the next one."""
 
     def __init__(self, events: list[StubEvent]):
         self.events = list(events)
 
-    def event(self):
-        card = self
+    def event(self) -> "StubCard":
+        return self
 
-        class Recording:
-            def record(self, stream=None):
-                return card.events.pop(0)
-
-        return Recording()
+    def record(self, stream=None) -> StubEvent:
+        return self.events.pop(0)
 
 
 def test_the_clock_reads_only_chunks_the_card_has_finished_and_long_enough():

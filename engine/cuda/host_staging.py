@@ -45,7 +45,13 @@ class HostStaging:
         self.seconds_per_byte: dict[str, float] = {}
 
     def _timed(self, pieces: Sequence[tuple[DeviceBuffer, np.ndarray]]) -> tuple[int, float]:
-        """(bytes the call moves, its start): the start once the work queued before it has drained."""
+        """(bytes the call moves, its start): every piece checked first, so a bad one stops the call before any copy
+        (the batches are copied as they are cut), then the start once the work queued before it has drained."""
+        for device, host in pieces:
+            if not host.flags.c_contiguous:
+                raise ValueError(f"staged copies need C-contiguous host arrays ('{device.label}')")
+            if host.nbytes != device.nbytes:
+                raise ValueError(f"a host array of {host.nbytes} bytes for '{device.label}' of {device.nbytes}")
         self.card.stream.synchronize()
         return sum(host.nbytes for _, host in pieces), time.perf_counter()
 
@@ -84,17 +90,13 @@ class HostStaging:
         self._note("in", nbytes, start)
 
     def _batches(self, pieces: Sequence[tuple[DeviceBuffer, np.ndarray]]) -> Iterator[list[Chunk]]:
-        """The pieces cut into batches that each fill at most one half, the halves taken in turn. Only places are
-        computed here: the caller makes a half free before it copies the batch that uses it."""
+        """The pieces (checked by `_timed`) cut into batches that each fill at most one half, the halves taken in turn.
+        Only places are computed here: the caller makes a half free before it copies the batch that uses it."""
         halves = self._staging()
         batch: list[Chunk] = []
         used, index = 0, 0
         for device, host in pieces:
-            if not host.flags.c_contiguous:
-                raise ValueError(f"staged copies need C-contiguous host arrays ('{device.label}')")
             raw = host.reshape(-1).view(np.uint8)
-            if raw.nbytes != device.nbytes:
-                raise ValueError(f"a host array of {raw.nbytes} bytes for '{device.label}' of {device.nbytes}")
             for offset in range(0, raw.nbytes, self.half_bytes):
                 n = min(self.half_bytes, raw.nbytes - offset)
                 if used + n > self.half_bytes:

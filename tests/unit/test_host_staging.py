@@ -129,4 +129,7 @@ def test_mismatched_or_strided_arrays_are_refused_before_any_copy():
         staging.download([(device, np.zeros(8, np.uint8))])
     with pytest.raises(ValueError, match="C-contiguous"):
         staging.upload([(np.zeros(32, np.uint8)[::2], device)])
-    assert card.queue == []
+    good = DeferredBuffer(card, np.zeros(200, np.uint8), "good")  # a batch of its own, ahead of the bad piece
+    with pytest.raises(ValueError, match="8 bytes for 'piece' of 16"):
+        staging.upload([(np.ones(200, np.uint8), good), (np.zeros(8, np.uint8), device)])
+    assert card.queue == [] and not good.data.any()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -186,7 +187,7 @@ def matmul_args(w: Q8Weight, x: Q8Activations, y: DeviceBuffer, n_tokens: int,
     for name, buf in (("output", y), ("residual", residual)):
         if buf is not None and buf.nbytes < out_bytes:
             raise ValueError(f"{name} buffer of {buf.nbytes} bytes < {out_bytes} needed")
-    ends = list(np.cumsum(w.segments[:-1])) + [w.rows] * (MAX_SEGMENTS - len(w.segments))
+    ends = [*accumulate(w.segments[:-1]), *[w.rows] * (MAX_SEGMENTS - len(w.segments))]
     return [np.int32(e) for e in ends]
 
 

@@ -73,15 +73,16 @@ __device__ __forceinline__ void gemv_warp_store(float (&acc)[R][T], int row0, in
         store_output(y, residual, segment_offset(row, index % T, T, rows, end0, end1, end2), v[0]);
 }
 
-// A GEMM thread's 4 x 4 outputs: rows r0 + tr + 16 i, tokens t0 + tt + 16 j (gemm_q8.cu's tile).
-__device__ __forceinline__ void gemm_tile_store(const float (&acc)[4][4], int r0, int tr, int t0, int tt, int rows,
+// A GEMM thread's 4 x TJ outputs: rows r0 + tr + 16 i, tokens t0 + tt + 16 j (gemm_q8.cu's tile).
+template <int TJ>
+__device__ __forceinline__ void gemm_tile_store(const float (&acc)[4][TJ], int r0, int tr, int t0, int tt, int rows,
                                                 int T, int end0, int end1, int end2, float* y, const float* residual) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = r0 + tr + 16 * i;
         if (r >= rows) continue;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < TJ; ++j) {
             const int t = t0 + tt + 16 * j;
             if (t < T) store_output(y, residual, segment_offset(r, t, T, rows, end0, end1, end2), acc[i][j]);
         }

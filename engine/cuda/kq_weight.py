@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from engine.cuda.driver import CudaCard, DeviceBuffer, Stream
-from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_THREADS, gemm_grid, gemm_kernel
+from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_THREADS, gemm_grid, tiled_gemm_kernel
 from engine.cuda.gemv import MAX_GEMV_TOKENS, MAX_SEGMENTS, GemvLaunch, Q8Activations, matmul_args
 from engine.cuda.kq_layout import device_layout
 from engine.gguf.kquant_blocks import BLOCK_BYTES, KQUANT_TYPES, QK_K
@@ -126,12 +126,12 @@ def gemv_kq(card: CudaCard, w: KQWeight, x: Q8Activations, y: DeviceBuffer, n_to
 
 def gemm_kq(card: CudaCard, w: KQWeight, x: Q8Activations, y: DeviceBuffer, n_tokens: int,
             residual: DeviceBuffer | None = None, stream: Stream | None = None,
-            staging: str = DEFAULT_GEMM_STAGING) -> None:
+            staging: str = DEFAULT_GEMM_STAGING, tile_tokens: int | None = None) -> None:
     """y = W x (+ residual) for any token count, as `gemm_q8` does for Q8_0 weights."""
-    kernel = gemm_kernel(f"gemm_{KERNEL_TYPE_NAMES[w.qtype]}_q8_1", staging)
+    kernel, tile = tiled_gemm_kernel(f"gemm_{KERNEL_TYPE_NAMES[w.qtype]}_q8_1", n_tokens, staging, tile_tokens)
     ends = matmul_args(w, x, y, n_tokens, residual)
     card.kernel(kernel).launch(
-        gemm_grid(w.rows, n_tokens), GEMM_THREADS, w.data, x.xq, x.xd, y, residual, np.int32(w.rows),
+        gemm_grid(w.rows, n_tokens, tile), GEMM_THREADS, w.data, x.xq, x.xd, y, residual, np.int32(w.rows),
         np.int32(w.k), *ends, np.int32(n_tokens), stream=stream)
 
 

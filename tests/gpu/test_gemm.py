@@ -2,10 +2,11 @@
 
 Weights and activations are exact Q8 data, so numpy in float64 gives the exact answer and the kernel
 may differ only by fp32 summation order: the bound is 1e-5 of sum_k |W x| per output
-(`gemv_error_bound`). Token counts cover a single token, partial 64-token tiles (7, 100, 300) and
-whole ones (64, 256); row counts cover less than one tile (32, 48), a partial last tile (4096 + 32)
-and the 9B FFN width (12288); K covers a single block (32, a partial 128-value stage), a short last chunk
-of the blocked weight payload (1,056 = 33 blocks) and the 9B widths (4096, 12288).
+(`gemv_error_bound`). Token counts cover a single token and 7 (the 16-token tile), 30 (the 32-token
+tile), partial 64-token tiles (100, 300) and whole ones (64, 256); row counts cover less than one tile
+(32, 48), a partial last tile (4096 + 32) and the 9B FFN width (12288); K covers a single block (32, a
+partial 128-value stage), a short last chunk of the blocked weight payload (1,056 = 33 blocks) and the 9B
+widths (4096, 12288).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 import numpy as np
 import pytest
 
-from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_STAGINGS, gemm_q8
+from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_STAGINGS, GEMM_TILE_TOKENS, GEMM_TOKEN_TILES, gemm_q8
 from engine.cuda.gemv import upload_q8_weight
 from tests.gpu.gpu_fixtures import (
     assert_within,
@@ -27,7 +28,7 @@ from tests.gpu.gpu_fixtures import (
     upload_activations,
 )
 
-TOKENS = [1, 7, 64, 100, 256, 300]
+TOKENS = [1, 7, 30, 64, 100, 256, 300]
 SHAPES = [(32, 32), (48, 4096), (48, 1056), (4128, 32), (4128, 12288), (12288, 4096)]
 
 
@@ -51,10 +52,13 @@ def test_gemm_matches_numpy(card, rng, rows, k, tokens):
     assert_within(got, x.astype(np.float64) @ w.T, gemv_error_bound(w, x), f"gemm T={tokens} [{rows}x{k}]")
 
 
+@pytest.mark.parametrize("tile", GEMM_TOKEN_TILES)
 @pytest.mark.parametrize("tokens", [5, 70, 129])
-def test_stacked_matrices_write_separate_segments(card, rng, tokens):
-    """Four matrices with one input (as GDN qkv, z, b, a), segment boundaries inside 64-row tiles."""
-    check_stacked_segments(card, rng, gemm_q8, tokens, k=256, row_counts=(100, 37, 16, 16))
+def test_stacked_matrices_write_separate_segments(card, rng, tokens, tile):
+    """Four matrices with one input (as GDN qkv, z, b, a), segment boundaries inside 64-row tiles, in every token
+    tile."""
+    check_stacked_segments(card, rng, functools.partial(gemm_q8, tile_tokens=tile), tokens, k=256,
+                           row_counts=(100, 37, 16, 16))
 
 
 @pytest.mark.parametrize("tokens", [3, 64, 200])
@@ -93,3 +97,21 @@ def test_both_stagings_give_the_same_bits(card, rng, rows, k, tokens):
         outs[staging] = y.download(np.float32, (tokens, rows))
     for staging, got in outs.items():
         np.testing.assert_array_equal(got, outs[DEFAULT_GEMM_STAGING], err_msg=f"staging {staging!r}")
+
+
+@pytest.mark.parametrize("rows,k,tokens", [(4128, 4096, 54), (48, 12288, 9), (200, 32, 16), (100, 4096 + 96, 33),
+                                          (12288, 4096, 129)])
+def test_every_token_tile_gives_the_64_token_tiles_bits(card, rng, rows, k, tokens):
+    """The 16- and 32-token tiles (gemm_q8.cu's TJ) sum each output's blocks in the 64-token tile's order with its
+    fold, so the same bits, with a residual; token counts end inside a tile of each width."""
+    qs, d, _ = random_q8_weight(rng, rows, k)
+    weight = upload_q8_weight(card, [(qs, d)], "test.w")
+    act, _ = upload_activations(card, random_activations(rng, tokens, k))
+    residual = card.upload(rng.standard_normal(rows * tokens).astype(np.float32), "test.residual")
+    outs = {}
+    for tile in GEMM_TOKEN_TILES:
+        y = card.upload(np.full(rows * tokens, np.nan, np.float32), f"test.y{tile}")
+        gemm_q8(card, weight, act, y, tokens, residual=residual, tile_tokens=tile)
+        outs[tile] = y.download(np.float32, (tokens, rows))
+    for tile, got in outs.items():
+        np.testing.assert_array_equal(got, outs[GEMM_TILE_TOKENS], err_msg=f"{tile}-token tile")

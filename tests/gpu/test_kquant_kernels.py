@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
-from engine.cuda.gemm import GEMM_STAGINGS
+from engine.cuda.gemm import GEMM_STAGINGS, GEMM_TILE_TOKENS, GEMM_TOKEN_TILES
 from engine.cuda.gemv import MAX_GEMV_TOKENS, upload_q8_weight
 from engine.cuda.kq_weight import KQ_T1_VARIANTS, embed_kq, gemm_kq, gemv_kq, upload_kq_weight
 from engine.cuda.matmul import matmul, stack
@@ -34,7 +34,7 @@ from tests.kquant_data import KQ_TYPES, kq_error_bound, random_kquant_bytes
 
 GEMV_SHAPES = [(1, 256), (13, 512), (37, 5120), (77, 12288), (1000, 4096)]
 GEMM_SHAPES = [(1, 256), (100, 4096), (130, 5120)]
-GEMM_TOKENS = [9, 64, 65, 200]
+GEMM_TOKENS = [9, 30, 64, 65, 200]  # the 16-, 32- and 64-token tiles (gemm.gemm_token_tile)
 
 
 def kq_case(card, rng, qtype, rows, k, tokens):
@@ -92,6 +92,20 @@ def test_both_gemm_stagings_give_the_same_bits(card, rng, qtype, rows, k, tokens
         outs.append(y.download(np.float32, (tokens, rows)))
     for staging, got in zip(GEMM_STAGINGS, outs):
         np.testing.assert_array_equal(got, outs[0], err_msg=f"{qtype.name} staging {staging!r}")
+
+
+@pytest.mark.parametrize("rows,k,tokens", [(2001, 5120, 54), (9, 256, 17), (130, 4096, 100)])
+@pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
+def test_every_gemm_token_tile_gives_the_64_token_tiles_bits(card, rng, qtype, rows, k, tokens):
+    """The 16- and 32-token tiles (gemm_kq.cu's TJ) sum every output in the 64-token tile's order."""
+    _, _, weight, act, _ = kq_case(card, rng, qtype, rows, k, tokens)
+    outs = {}
+    for tile in GEMM_TOKEN_TILES:
+        y = card.alloc(4 * rows * tokens, f"test.y{tile}")
+        gemm_kq(card, weight, act, y, tokens, tile_tokens=tile)
+        outs[tile] = y.download(np.float32, (tokens, rows))
+    for tile, got in outs.items():
+        np.testing.assert_array_equal(got, outs[GEMM_TILE_TOKENS], err_msg=f"{qtype.name} {tile}-token tile")
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 8, 70])

@@ -110,11 +110,16 @@ def test_grid_covers_every_row_and_token():
     assert gemm.gemm_grid(rows=1, n_tokens=1) == (1, 1)
 
 
-def test_every_gemm_staging_is_a_kernel_of_the_sources_and_others_are_refused():
+def test_every_gemm_staging_and_token_tile_is_a_kernel_of_the_sources_and_others_are_refused():
+    """Each weight type's GEMM in every staging, and in the default staging's narrower token tiles, which every
+    chunk length's tile (`gemm_token_tile`) names."""
     q8 = re.findall(r"^RIGLLM_GEMM_Q8\((\w+),", (CUDA_SRC_DIR / "gemm_q8.cu").read_text(), re.MULTILINE)
     kq = re.findall(r"^RIGLLM_GEMM_KQ\((\w+),", (CUDA_SRC_DIR / "gemm_kq.cu").read_text(), re.MULTILINE)
     bases = ["gemm_q8_0_q8_1", *(f"gemm_{t}_q8_1" for t in ("q4_k", "q5_k", "q6_k"))]
-    assert sorted(q8 + kq) == sorted(gemm.gemm_kernel(b, s) for b in bases for s in gemm.GEMM_STAGINGS)
+    narrow = [suffix for suffix in gemm.GEMM_TOKEN_TILES.values() if suffix]
+    assert sorted(q8 + kq) == sorted([gemm.gemm_kernel(b, s) for b in bases for s in gemm.GEMM_STAGINGS]
+                                     + [gemm.gemm_kernel(b, gemm.DEFAULT_GEMM_STAGING) + t for b in bases for t in narrow])
+    assert {gemm.gemm_token_tile(n) for n in range(1, 2049)} == set(gemm.GEMM_TOKEN_TILES)
     assert gemm.DEFAULT_GEMM_STAGING in gemm.GEMM_STAGINGS
     with pytest.raises(ValueError, match="no GEMM staging"):
         gemm.gemm_q8(None, None, None, None, 1, staging="_fast")

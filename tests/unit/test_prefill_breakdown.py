@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.cuda.bench import prefill_breakdown as pb
-from engine.cuda.gemm import DEFAULT_GEMM_STAGING, gemm_kernel
+from engine.cuda.gemm import DEFAULT_GEMM_STAGING, tiled_gemm_kernel
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.weights import upload_weights
 from engine.fixtures.demo_model import ensure_demo_model
@@ -45,7 +45,7 @@ def test_a_chunk_is_broken_down_and_only_gemms_make_the_tops(demo, monkeypatch):
     b = pb.prefill_breakdown(dec, 40, 100.0)
     assert (b["tokens"], b["depth"], dec.seqs[0].next_position) == (32, 40, 40)
     names = set(b["kernels"])
-    gemm = gemm_kernel("gemm_q8_0_q8_1", DEFAULT_GEMM_STAGING)
+    gemm, _ = tiled_gemm_kernel("gemm_q8_0_q8_1", 32, DEFAULT_GEMM_STAGING, None)  # a 32-token chunk's tile
     assert {gemm, "gdn_chunk_prefill"} <= names and any(n.startswith("attn_prefill") for n in names)
     gemms = sum(k["us"] for n, k in b["kernels"].items() if n.startswith("gemm_"))
     assert b["gemm_us"] == gemms < b["whole_us"]

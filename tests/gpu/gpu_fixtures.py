@@ -129,3 +129,19 @@ def check_residual_epilogue(card, rng: np.random.Generator, matmul: Callable[...
 
     matmul(card, weight, act, res_buf, tokens, residual=res_buf)
     assert_within(res_buf.download(np.float32, (tokens, rows)), expected, bound, f"r += Wx in place, T={tokens}")
+
+
+def check_same_bits(card, rng: np.random.Generator, matmul: Callable[..., None], weight: Any, act: Q8Activations,
+                    tokens: int, variants: dict[str, dict[str, Any]]) -> None:
+    """`matmul` (weight, act, y, tokens, residual=...) under each variant's keyword arguments writes the first
+    variant's bits, with a residual; outputs start as NaN, so an element left unwritten fails."""
+    rows = weight.rows
+    residual = card.upload(rng.standard_normal(rows * tokens).astype(np.float32), "test.residual")
+    outs = {}
+    for name, kwargs in variants.items():
+        y = card.upload(np.full(rows * tokens, np.nan, np.float32), f"test.y {name}")
+        matmul(card, weight, act, y, tokens, residual=residual, **kwargs)
+        outs[name] = y.download(np.float32, (tokens, rows))
+    first = next(iter(outs.values()))
+    for name, got in outs.items():
+        np.testing.assert_array_equal(got, first, err_msg=name)

@@ -16,11 +16,12 @@ import functools
 import numpy as np
 import pytest
 
-from engine.cuda.gemm import DEFAULT_GEMM_STAGING, GEMM_STAGINGS, GEMM_TILE_TOKENS, GEMM_TOKEN_TILES, gemm_q8
+from engine.cuda.gemm import GEMM_STAGINGS, GEMM_TILE_TOKENS, GEMM_TOKEN_TILES, gemm_q8
 from engine.cuda.gemv import upload_q8_weight
 from tests.gpu.gpu_fixtures import (
     assert_within,
     check_residual_epilogue,
+    check_same_bits,
     check_stacked_segments,
     gemv_error_bound,
     random_activations,
@@ -86,17 +87,9 @@ def test_fewer_tokens_than_the_buffer_holds(card, rng):
 def test_both_stagings_give_the_same_bits(card, rng, rows, k, tokens):
     """The two stagings share the tile and each output's order of blocks (gemm_q8.cu), so the same bits, with a
     residual too; K = 4192 ends in a partial 128-value stage."""
-    qs, d, _ = random_q8_weight(rng, rows, k)
-    weight = upload_q8_weight(card, [(qs, d)], "test.w")
-    act, _ = upload_activations(card, random_activations(rng, tokens, k))
-    residual = card.upload(rng.standard_normal(rows * tokens).astype(np.float32), "test.residual")
-    outs = {}
-    for staging in GEMM_STAGINGS:
-        y = card.alloc(4 * rows * tokens, f"test.y{staging}")
-        gemm_q8(card, weight, act, y, tokens, residual=residual, staging=staging)
-        outs[staging] = y.download(np.float32, (tokens, rows))
-    for staging, got in outs.items():
-        np.testing.assert_array_equal(got, outs[DEFAULT_GEMM_STAGING], err_msg=f"staging {staging!r}")
+    weight, act = random_case(card, rng, rows, k, tokens)
+    check_same_bits(card, rng, gemm_q8, weight, act, tokens,
+                    {f"staging {s!r}": {"staging": s, "tile_tokens": GEMM_TILE_TOKENS} for s in GEMM_STAGINGS})
 
 
 @pytest.mark.parametrize("rows,k,tokens", [(4128, 4096, 54), (48, 12288, 9), (200, 32, 16), (100, 4096 + 96, 33),
@@ -104,14 +97,13 @@ def test_both_stagings_give_the_same_bits(card, rng, rows, k, tokens):
 def test_every_token_tile_gives_the_64_token_tiles_bits(card, rng, rows, k, tokens):
     """The 16- and 32-token tiles (gemm_q8.cu's TJ) sum each output's blocks in the 64-token tile's order with its
     fold, so the same bits, with a residual; token counts end inside a tile of each width."""
+    weight, act = random_case(card, rng, rows, k, tokens)
+    check_same_bits(card, rng, gemm_q8, weight, act, tokens,
+                    {f"{t}-token tile": {"tile_tokens": t} for t in sorted(GEMM_TOKEN_TILES, reverse=True)})
+
+
+def random_case(card, rng, rows: int, k: int, tokens: int):
+    """A random Q8_0 weight [rows][k] and `tokens` rows of activations, on the card."""
     qs, d, _ = random_q8_weight(rng, rows, k)
-    weight = upload_q8_weight(card, [(qs, d)], "test.w")
     act, _ = upload_activations(card, random_activations(rng, tokens, k))
-    residual = card.upload(rng.standard_normal(rows * tokens).astype(np.float32), "test.residual")
-    outs = {}
-    for tile in GEMM_TOKEN_TILES:
-        y = card.upload(np.full(rows * tokens, np.nan, np.float32), f"test.y{tile}")
-        gemm_q8(card, weight, act, y, tokens, residual=residual, tile_tokens=tile)
-        outs[tile] = y.download(np.float32, (tokens, rows))
-    for tile, got in outs.items():
-        np.testing.assert_array_equal(got, outs[GEMM_TILE_TOKENS], err_msg=f"{tile}-token tile")
+    return upload_q8_weight(card, [(qs, d)], "test.w"), act

@@ -25,6 +25,7 @@ from engine.cuda.matmul import matmul, stack
 from tests.gpu.gpu_fixtures import (
     assert_equal,
     assert_within,
+    check_same_bits,
     gemv_error_bound,
     random_activations,
     random_q8_weight,
@@ -85,13 +86,9 @@ def test_gemm_matches_numpy(card, rng, qtype, rows, k, tokens):
 def test_both_gemm_stagings_give_the_same_bits(card, rng, qtype, rows, k, tokens):
     """The GEMM staged in one tile and in two in turn (gemm_kq.cu) sums every output in the same order."""
     _, _, weight, act, _ = kq_case(card, rng, qtype, rows, k, tokens)
-    outs = []
-    for staging in GEMM_STAGINGS:
-        y = card.alloc(4 * rows * tokens, f"test.y{staging}")
-        gemm_kq(card, weight, act, y, tokens, staging=staging)
-        outs.append(y.download(np.float32, (tokens, rows)))
-    for staging, got in zip(GEMM_STAGINGS, outs):
-        np.testing.assert_array_equal(got, outs[0], err_msg=f"{qtype.name} staging {staging!r}")
+    check_same_bits(card, rng, gemm_kq, weight, act, tokens,
+                    {f"{qtype.name} staging {s!r}": {"staging": s, "tile_tokens": GEMM_TILE_TOKENS}
+                     for s in GEMM_STAGINGS})
 
 
 @pytest.mark.parametrize("rows,k,tokens", [(2001, 5120, 54), (9, 256, 17), (130, 4096, 100)])
@@ -99,13 +96,9 @@ def test_both_gemm_stagings_give_the_same_bits(card, rng, qtype, rows, k, tokens
 def test_every_gemm_token_tile_gives_the_64_token_tiles_bits(card, rng, qtype, rows, k, tokens):
     """The 16- and 32-token tiles (gemm_kq.cu's TJ) sum every output in the 64-token tile's order."""
     _, _, weight, act, _ = kq_case(card, rng, qtype, rows, k, tokens)
-    outs = {}
-    for tile in GEMM_TOKEN_TILES:
-        y = card.alloc(4 * rows * tokens, f"test.y{tile}")
-        gemm_kq(card, weight, act, y, tokens, tile_tokens=tile)
-        outs[tile] = y.download(np.float32, (tokens, rows))
-    for tile, got in outs.items():
-        np.testing.assert_array_equal(got, outs[GEMM_TILE_TOKENS], err_msg=f"{qtype.name} {tile}-token tile")
+    tiles = sorted(GEMM_TOKEN_TILES, reverse=True)  # the 64-token tile first: the others are held to it
+    check_same_bits(card, rng, gemm_kq, weight, act, tokens,
+                    {f"{qtype.name} {t}-token tile": {"tile_tokens": t} for t in tiles})
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 8, 70])

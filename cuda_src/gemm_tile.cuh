@@ -1,6 +1,6 @@
 // The DP4A prefill GEMM tile that gemm_q8.cu (Q8_0 weights) and gemm_kq.cu (K-quant weights, decoded into the
 // same int8 tile when staged) share: one CTA of GEMM_THREADS threads computes GEMM_BR weight rows x 16 TJ tokens
-// (GEMM_BT = 64 at TJ = 4; gemm_q8.cu also builds TJ = 1 and 2 for short chunks), thread (tr, tt) = (tid % 16,
+// (GEMM_BT = 64 at TJ = 4; both GEMMs also build TJ = 1 and 2 for short chunks), thread (tr, tt) = (tid % 16,
 // tid / 16) owning rows tr + 16 i and tokens tt + 16 j (i < 4, j < TJ); K is staged GEMM_BK values at a time into
 // int8 tiles of GEMM_PITCH bytes a row (see gemm_q8.cu for why these numbers).
 #pragma once

@@ -58,8 +58,8 @@ def gemm_token_tile(n_tokens: int) -> int:
 
 def tiled_gemm_kernel(base: str, n_tokens: int, staging: str, tile_tokens: int | None) -> tuple[str, int]:
     """(kernel, token tile) of GEMM `base` (e.g. gemm_q8_0_q8_1) in `staging` for n_tokens; `tile_tokens`, a key of
-    GEMM_TOKEN_TILES, overrides `gemm_token_tile` (the narrower tiles exist in the default staging only, which
-    then takes the 64-token tile)."""
+    GEMM_TOKEN_TILES, overrides `gemm_token_tile`. The narrower tiles exist in the default staging only: the other
+    staging takes the 64-token tile."""
     if tile_tokens is None:
         tile_tokens = gemm_token_tile(n_tokens) if staging == DEFAULT_GEMM_STAGING else GEMM_TILE_TOKENS
     if tile_tokens not in GEMM_TOKEN_TILES or (tile_tokens != GEMM_TILE_TOKENS and staging != DEFAULT_GEMM_STAGING):

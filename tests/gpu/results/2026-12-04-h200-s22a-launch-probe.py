@@ -2,7 +2,9 @@
 context 768, f16 KV, no MTP, as serve_streams' server): per prefill of 4 and 54 tokens, the host time until the
 last launch returns and the time until the card is done; the launches of one 4-token prefill recorded and replayed
 through Kernel.launch, through a leaner launch (one type lookup per argument, pycuda's _launch_kernel straight)
-and through _launch_kernel with the argument buffers packed before timing; cProfile of the prefill.
+and through _launch_kernel with the argument buffers packed before timing; cProfile of the prefill. As it ran, the
+arguments were packed by pycuda's own `pycuda._pvt_struct.pack`; here by `struct.pack`, which gives the same bytes for
+these codes (pycuda's is a copy of CPython's struct module), since files under tests/ may import only what the dev extra installs.
 usage: python3 PROBE OUT.json
 """
 import cProfile, io, json, pstats, statistics, sys, threading, time
@@ -11,7 +13,7 @@ from engine.cuda import driver
 from engine.cuda.backend import CudaBackend
 from engine.cuda.bench.synthetic_weights import per_card_weights
 from engine.gguf.shapes import shape_config
-from pycuda._pvt_struct import pack
+from struct import pack
 
 cfg = shape_config("9b")
 be = CudaBackend(None, context=768, slots=8, config=cfg, weights_for=per_card_weights(cfg), speculative=False)

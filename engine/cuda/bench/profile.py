@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from engine.cuda.driver import CudaCard, Kernel
 from engine.cuda.bench.microbench import time_graph_ms
@@ -34,6 +34,12 @@ def recorded_launches() -> Iterator[list[tuple[Kernel, tuple, dict]]]:
         Kernel.launch = original  # type: ignore[method-assign]
 
 
+def replay(launches: Iterable[tuple[Kernel, tuple, dict]]) -> None:
+    """Launch recorded launches again, in order, with their grids and arguments (inside a capture: a graph of them)."""
+    for kernel, args, kwargs in launches:
+        kernel.launch(*args, **kwargs)
+
+
 def kernel_breakdown(card: CudaCard, step: Callable[[], None], reps: int = 10) -> dict[str, Any]:
     """Microseconds per call of `step`, whole and per kernel name (with launch counts)."""
     with recorded_launches() as launches:
@@ -45,9 +51,6 @@ def kernel_breakdown(card: CudaCard, step: Callable[[], None], reps: int = 10) -
         groups[launch[0].name].append(launch)
     parts = {}
     for name, group in groups.items():
-        def replay(_: int, group=group) -> None:
-            for kernel, args, kwargs in group:
-                kernel.launch(*args, **kwargs)
-        parts[name] = {"launches": len(group), "us": time_graph_ms(card, reps, replay) * 1e3}
+        parts[name] = {"launches": len(group), "us": time_graph_ms(card, reps, lambda _, g=group: replay(g)) * 1e3}
     ordered = dict(sorted(parts.items(), key=lambda kv: -kv[1]["us"]))
     return {"whole_us": whole_us, "sum_of_parts_us": sum(p["us"] for p in parts.values()), "kernels": ordered}

@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from engine.cuda.bench.microbench import time_graph_ms
-from engine.cuda.bench.profile import recorded_launches
-from engine.cuda.bench.slot_depth import slots_at_depth
+from engine.cuda.bench.profile import replay
+from engine.cuda.bench.slot_depth import recorded_step
 from engine.cuda.bench.synthetic_weights import random_model_weights
 from engine.cuda.driver import CudaCard, Kernel
-from engine.cuda.slot_decoder import SlotDecoder, step_launches
+from engine.cuda.slot_decoder import SlotDecoder
 from engine.gguf.shapes import shape_config
 
 fatbin_dir, out_path = Path(sys.argv[1]), sys.argv[2]
@@ -80,18 +80,9 @@ def variant_launches(launches, variant: str):
     return out
 
 
-def replay(launches) -> None:
-    for kernel, args, kwargs in launches:
-        kernel.launch(*args, **kwargs)
-
-
 res = {"gpu": card.device_name, "rows": [], "same_bytes": {}}
 for width in (1, 8):
-    with slots_at_depth(dec, width, 512):
-        dec.prepare_step(list(range(width)))
-        with recorded_launches() as launches:
-            step_launches(dec.fwd, dec.batch, dec.sampling, width)
-        card.synchronize()
+    with recorded_step(dec, width, 512) as launches:
         pairs = [(launches[i], launches[i + 1]) for i in range(len(launches) - 1)
                  if launches[i + 1][0].name == "swiglu_q8_1"]
         gemv, sw = pairs[0]

@@ -11,11 +11,11 @@ import statistics
 import sys
 
 from engine.cuda.bench.microbench import time_graph_ms
-from engine.cuda.bench.profile import recorded_launches
-from engine.cuda.bench.slot_depth import slots_at_depth
+from engine.cuda.bench.profile import replay
+from engine.cuda.bench.slot_depth import recorded_step
 from engine.cuda.bench.synthetic_weights import random_model_weights
 from engine.cuda.driver import CudaCard
-from engine.cuda.slot_decoder import SlotDecoder, step_launches
+from engine.cuda.slot_decoder import SlotDecoder
 from engine.gguf.shapes import shape_config
 
 out_path = sys.argv[1]
@@ -24,18 +24,9 @@ card = CudaCard(0)
 dec = SlotDecoder(card, cfg, random_model_weights(card, cfg), 768, 8, 256)
 
 
-def replay(launches) -> None:
-    for kernel, args, kwargs in launches:
-        kernel.launch(*args, **kwargs)
-
-
 res = {"gpu": card.device_name, "widths": {}}
 for width in (1, 8):
-    with slots_at_depth(dec, width, 512):
-        dec.prepare_step(list(range(width)))
-        with recorded_launches() as launches:
-            step_launches(dec.fwd, dec.batch, dec.sampling, width)
-        card.synchronize()
+    with recorded_step(dec, width, 512) as launches:
         names = sorted({k.name for k, _, _ in launches})
         whole, without = [], {n: [] for n in names}
         for _ in range(3):

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from engine.cuda.bench.microbench import time_graph_ms
-from engine.cuda.bench.profile import recorded_launches
-from engine.cuda.bench.slot_depth import slots_at_depth
+from engine.cuda.bench.profile import replay
+from engine.cuda.bench.slot_depth import recorded_step
 from engine.cuda.bench.synthetic_weights import random_model_weights
 from engine.cuda.driver import CudaCard, Kernel
-from engine.cuda.slot_decoder import SlotDecoder, step_launches
+from engine.cuda.slot_decoder import SlotDecoder
 from engine.gguf.shapes import shape_config
 
 fatbin_dir, out_path = Path(sys.argv[1]), sys.argv[2]
@@ -49,18 +49,9 @@ def variant(launches, fold: bool):
     return [l for l in out if l is not None]
 
 
-def replay(launches) -> None:
-    for kernel, args, kwargs in launches:
-        kernel.launch(*args, **kwargs)
-
-
 res = {"gpu": card.device_name, "rows": [], "same_bytes": {}}
 for width in (1, 8):
-    with slots_at_depth(dec, width, 512):
-        dec.prepare_step(list(range(width)))
-        with recorded_launches() as launches:
-            step_launches(dec.fwd, dec.batch, dec.sampling, width)
-        card.synchronize()
+    with recorded_step(dec, width, 512) as launches:
         first = next(i for i, l in enumerate(launches) if l[0].name == "attn_merge_gate")
         start = max(k for k in range(first) if launches[k][0].name == "attn_decode_d256_g4")
         pair = launches[start:first + 1]

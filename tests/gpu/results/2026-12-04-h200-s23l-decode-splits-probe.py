@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 from engine.cuda.bench.microbench import time_graph_ms
-from engine.cuda.bench.profile import recorded_launches
-from engine.cuda.bench.slot_depth import slots_at_depth
+from engine.cuda.bench.slot_depth import recorded_step
 from engine.cuda.bench.synthetic_weights import random_model_weights
 from engine.cuda.driver import CudaCard, Kernel
-from engine.cuda.slot_decoder import SlotDecoder, step_launches
+from engine.cuda.slot_decoder import SlotDecoder
 from engine.gguf.shapes import shape_config
 
 variants_dir, out_path = Path(sys.argv[1]), sys.argv[2]
@@ -38,11 +37,7 @@ def replay(launches, variant: str) -> None:
 res = {"gpu": card.device_name, "rows": []}
 for depth in (512, 4096, 16384):
     for width in (1, 8):
-        with slots_at_depth(dec, width, depth):
-            dec.prepare_step(list(range(width)))
-            with recorded_launches() as launches:
-                step_launches(dec.fwd, dec.batch, dec.sampling, width)
-            card.synchronize()
+        with recorded_step(dec, width, depth) as launches:
             attention = [l for l in launches if l[0].name in (NAME, "attn_merge_gate")]
             for rnd in range(3):
                 for variant in ("base", *ALIGNS):

@@ -246,10 +246,24 @@ class CudaBackend:
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         self._prefill(slot, segment_chunks(segment, self.prefill_chunk))
 
+    def prefill_slots(self, parts: Mapping[int, Sequence[int]]) -> None:
+        """`PrefillBatcher`: several slots' text tokens in one forward pass on every card (at most `prefill_chunk`
+        in all, at most one part per slot), so the weights are read once for all of them; each slot's first pick
+        then comes from its own logits row."""
+        total = sum(len(ids) for ids in parts.values())
+        if not parts or total > self.prefill_chunk or any(not ids for ids in parts.values()):
+            raise ValueError(f"a shared prefill pass holds 1..{self.prefill_chunk} tokens, each part at least one; "
+                             f"got parts of {[len(ids) for ids in parts.values()]}")
+        first = self.stages[0].decoder
+        for slot, ids in parts.items():
+            first.check_room(first.seqs[slot], len(ids))
+        chunks = [(slot, PrefillChunk(np.asarray(ids, dtype=np.int32))) for slot, ids in parts.items()]
+        PipelinedPrefill(self.stages, self.executors, self._hop, [chunks]).run()
+
     def _prefill(self, slot: int, chunks: list[PrefillChunk]) -> None:
         first = self.stages[0].decoder
         first.check_room(first.seqs[slot], sum(len(c.ids) for c in chunks))
-        PipelinedPrefill(self.stages, self.executors, self._hop, slot, chunks).run()
+        PipelinedPrefill(self.stages, self.executors, self._hop, [[(slot, c)] for c in chunks]).run()
 
     # ---- images (ImagePrefill) ---------------------------------------------------------------------
     @property

@@ -12,11 +12,15 @@ Image prompts (spec §9.5-9.6): a pass may replace some rows' token embeddings b
 tower's output for the image pads; first card only) and give attention per-token (t, h, w) rope
 positions in a device buffer (`positions` [T][3] int32) instead of the text positions `pos + t`.
 
-Two kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_slots`
+Three kinds of pass: `run` takes T tokens of one sequence (prefill, or one decode token), `run_slots`
 one token of each of B sequences (continuous batching): the matmuls, norms and SwiGLU run once on the
 B rows, so the weights are read once for all sequences, and the mixers (attention with its KV cache,
 GDN with its state) run slot-indexed (engine.cuda.slot_batch): one launch per kernel for all B rows,
-each row reading and advancing its own slot's state. `run_verify` is `run` for a
+each row reading and advancing its own slot's state. `run_sequences` takes consecutive runs of rows,
+each a prefill chunk of its own sequence (several requests arriving together): the matmuls, norms and
+SwiGLU run once over all rows, each mixer once per run, as `run` would run it on that run alone, so a
+run's rows come out as its own pass would leave them (the matmuls aside, whose kernel follows the total
+row count). `run_verify` is `run` for a
 speculative verify (T <= 8 tokens through the GEMV path): logits and normed hidden rows for every
 token, the GDN states after each token kept in rings for the rollback, attention splits sized for the
 capacity so that a captured verify graph replays at any position.
@@ -35,6 +39,7 @@ kernels below receive each segment's pointer and row stride separately.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,7 +51,7 @@ from engine.cuda.driver import CudaCard, DeviceBuffer
 from engine.cuda.kv_cache import KVLayerCache, domain_width, upload_kv_tables
 from engine.cuda.gdn import GdnDims, GdnInputs, GdnRing, Rows, alloc_head_counters, gdn_mixer
 from engine.cuda.gemv import MAX_GEMV_TOKENS, Q8Activations, alloc_q8_activations, quantize_q8_1
-from engine.cuda.l2_prefetch import before_gemv, grid_with_prefetch_blocks
+from engine.cuda.l2_prefetch import NO_PREFETCH, before_gemv, grid_with_prefetch_blocks
 from engine.cuda.matmul import Weight, embed, matmul
 from engine.cuda.norm import norm_shape, rmsnorm_q8_1
 from engine.cuda.sequence import F16_FORMAT, DeviceSequence
@@ -60,6 +65,23 @@ from engine.reference.rope import Rope
 
 F32, F16 = 4, 2
 SWIGLU_THREADS = 256
+
+
+@dataclass(frozen=True)
+class SequenceRows:
+    """Rows [first, first + count) of a pass over several sequences (`run_sequences`): a prefill chunk of `seq`,
+    continuing it at its `step`."""
+
+    seq: DeviceSequence
+    first: int
+    count: int
+
+    def of(self, rows: DeviceBuffer, width: int) -> DeviceBuffer:
+        """These rows of a [T][width] fp32 matrix."""
+        return _rows(rows, width, self.first, self.count)
+
+
+Owner = DeviceSequence | SlotBatch | tuple[SequenceRows, ...]  # (or anything shaped like a DeviceSequence: mtp.HeadRows)
 
 
 class ForwardPass:
@@ -203,7 +225,30 @@ class ForwardPass:
         self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
-    def _layers(self, n: int, owner: DeviceSequence | SlotBatch, positions: DeviceBuffer | None,
+    def run_sequences(self, runs: Sequence[SequenceRows]) -> None:
+        """Each run's tokens continue its own sequence, one after another in `ids` (or hidden rows in `h` on a later
+        card): run j's last token's logits → `logits_row(j)` on the card with the head (each run's last hidden row is
+        gathered into the scratch `proj` for the final norm and one LM-head matmul), else the rows stay in `h`.
+        Text positions only. Each sequence's `step` must hold its run's start and count (`set_step`)."""
+        cfg, d = self.cfg, self.cfg.d_model
+        n = sum(r.count for r in runs)
+        if not 1 <= len(runs) <= MAX_GEMV_TOKENS or n > self.max_tokens:
+            raise ValueError(f"a pass over several sequences holds 1..{MAX_GEMV_TOKENS} runs and at most "
+                             f"{self.max_tokens} rows, not {len(runs)} runs of {n}")
+        if [r.first for r in runs] != [sum(r.count for r in runs[:j]) for j in range(len(runs))] or min(
+                r.count for r in runs) < 1:
+            raise ValueError("the runs must cover the rows in order, one after another, each at least one row")
+        self._layers(n, tuple(runs), None)
+        if not self.heads:
+            return
+        last = _rows(self.proj, d, 0, len(runs))
+        for j, r in enumerate(runs):  # the scratch is free once the last layer has run
+            _rows(last, d, j, 1).copy_from(_rows(self.h, d, r.first + r.count - 1, 1))
+        x = self.q8[d]
+        self._norm(last, self.w.output_norm, x, len(runs), self.w.lm_head)
+        matmul(self.card, self.w.lm_head, x, self.logits, len(runs))
+
+    def _layers(self, n: int, owner: Owner, positions: DeviceBuffer | None,
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         if self.embeds:
             embed(self.card, self.w.token_embd, self.ids, self.h, n)
@@ -212,10 +257,9 @@ class ForwardPass:
         for i, layer in zip(self.w.span, self.w.layers):
             self._layer(i, layer, n, owner, positions)
 
-    def _layer(self, i: int, layer: LayerWeights, n: int, owner: DeviceSequence | SlotBatch,
-               positions: DeviceBuffer | None) -> None:
-        """`owner`: one sequence owning all n rows (at `positions`, or its text positions when None), or a
-        slot batch whose row b is one token of its own slot's sequence."""
+    def _layer(self, i: int, layer: LayerWeights, n: int, owner: Owner, positions: DeviceBuffer | None) -> None:
+        """`owner`: one sequence owning all n rows (at `positions`, or its text positions when None), a slot
+        batch whose row b is one token of its own slot's sequence, or runs of rows of several sequences."""
         x = self.q8[self.cfg.d_model]
         traced = self._traced_rows()
         mixer_in = layer.mixer.in_proj if isinstance(layer.mixer, GdnWeights) else layer.mixer.qkv
@@ -255,36 +299,57 @@ class ForwardPass:
         self.card.stream.synchronize()
         self.trace.record(i, step, rows.download(np.float32, (n, self.cfg.d_model)))
 
-    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch) -> None:
+    def _gdn(self, i: int, w: GdnWeights, x: Q8Activations, n: int, owner: Owner) -> None:
         c = self.cfg
         self._matmul(w.in_proj, x, self.proj, n)
         widths = (c.ssm_conv_dim, c.ssm_d_inner, c.ssm_n_v_heads, c.ssm_n_v_heads)
-        inputs = GdnInputs(*(Rows(self._segment(w.in_proj, s, n), widths[s]) for s in range(4)))
+        segments = [self._segment(w.in_proj, s, n) for s in range(4)]
         y = self.q8[c.ssm_d_inner]
         fused_q8 = c.ssm_d_head_v % 32 == 0  # the fused Q8_1 output needs whole 32-blocks per head
-        state, slots = (None, owner.rows(i)) if isinstance(owner, SlotBatch) else (owner.gdn[i], None)
-        gdn_mixer(self.card, self.gdn_dims, w, state, inputs, self.conv_out, self.gdn_y, self.head_done, n, c.rms_eps,
-                  y_q8=y if fused_q8 else None, ring=self._rings[i] if self._rings is not None else None, slots=slots,
-                  prefetch=before_gemv(self.card, w.out_proj, n))
+        prefetch = before_gemv(self.card, w.out_proj, n)
+        if not isinstance(owner, tuple):
+            inputs = GdnInputs(*(Rows(seg, width) for seg, width in zip(segments, widths)))
+            state, slots = (None, owner.rows(i)) if isinstance(owner, SlotBatch) else (owner.gdn[i], None)
+            gdn_mixer(self.card, self.gdn_dims, w, state, inputs, self.conv_out, self.gdn_y, self.head_done, n,
+                      c.rms_eps, y_q8=y if fused_q8 else None, ring=self._rings[i] if self._rings is not None else None,
+                      slots=slots, prefetch=prefetch)
+        else:
+            for r in owner:  # each run continues its own state, as its own pass would (the prefetch before the matmul)
+                inputs = GdnInputs(*(Rows(r.of(seg, width), width) for seg, width in zip(segments, widths)))
+                gdn_mixer(self.card, self.gdn_dims, w, r.seq.gdn[i], inputs, r.of(self.conv_out, c.ssm_conv_dim),
+                          r.of(self.gdn_y, c.ssm_d_inner), self.head_done, r.count, c.rms_eps,
+                          y_q8=y.rows(r.first, r.count) if fused_q8 else None,
+                          prefetch=prefetch if r is owner[-1] else NO_PREFETCH)
         if not fused_q8:
             quantize_q8_1(self.card, self.gdn_y, y, n)
         self._matmul(w.out_proj, y, self.h, n, residual=self.h)
 
-    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, owner: DeviceSequence | SlotBatch,
+    def _attention(self, i: int, w: AttentionWeights, x: Q8Activations, n: int, owner: Owner,
                    positions: DeviceBuffer | None) -> None:
         c = self.cfg
         self._matmul(w.qkv, x, self.proj, n)
         qg, k, v = (self._segment(w.qkv, s, n) for s in range(3))
         xo = self.q8[c.q_dim]
         if isinstance(owner, SlotBatch):
-            splits = self._attend_slots(i, owner, w, qg, k, v, n)
-        else:
+            self._merge(n, self._attend_slots(i, owner, w, qg, k, v, n), qg, xo)
+        elif not isinstance(owner, tuple):
             splits = self._attend(owner, owner.kv[i], w, qg, k, v, n, positions,
                                   layer=None if self._anywhere else i)  # a graph-captured verify never goes sparse
+            self._merge(n, splits, qg, xo)
+        else:
+            for r in owner:  # each run attends over its own cache; the partials are reused run after run
+                q_run = r.of(qg, 2 * c.q_dim)
+                splits = self._attend(r.seq, r.seq.kv[i], w, q_run, r.of(k, c.kv_dim), r.of(v, c.kv_dim), r.count,
+                                      None, layer=i)
+                self._merge(r.count, splits, q_run, xo.rows(r.first, r.count))
+        self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
+
+    def _merge(self, n: int, splits: int, qg: DeviceBuffer, xo: Q8Activations) -> None:
+        """The n rows' split partials merged and gated (the gate: each q row's second half) into Q8_1 `xo`."""
+        c = self.cfg
         attn_merge_gate(self.card, self.dims, self.parts, n, splits,
                         qg.view(F32 * c.head_dim, qg.nbytes - F32 * c.head_dim), 2 * c.q_dim, 2 * c.head_dim, None,
                         xo.xq, xo.xd)
-        self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
 
     def _attend(self, seq: DeviceSequence, cache: KVLayerCache, w: AttentionWeights, qg: DeviceBuffer,
                 k: DeviceBuffer, v: DeviceBuffer, n: int, positions: DeviceBuffer | None,

@@ -143,6 +143,14 @@ class Q8Activations:
     k: int
     max_tokens: int
 
+    def rows(self, first: int, count: int) -> "Q8Activations":
+        """Rows [first, first + count) (one sequence's rows of a pass over several: engine.cuda.forward)."""
+        if first < 0 or count < 1 or first + count > self.max_tokens:
+            raise ValueError(f"rows {first}..{first + count} of {self.max_tokens}")
+        blocks = self.k // QK
+        return Q8Activations(self.xq.view(first * self.k, count * self.k), self.xd.view(4 * first * blocks, 4 * count * blocks),
+                             self.k, count)
+
 
 def alloc_q8_activations(card: CudaCard, k: int, max_tokens: int, label: str) -> Q8Activations:
     if k % QK:

@@ -3,7 +3,8 @@
 A hop is: D2H of the fp32 hidden rows into portable pinned memory on card i, a host wait for that copy
 (the fence the CMP needs: anchor-qengine.md lesson 9), then H2D on card i+1. A decode step makes one
 hop per boundary (engine.cuda.backend); a prefill's chunks flow through the cards, so card i works on
-chunk c+1 while card i+1 works on chunk c, with two bridge buffers per boundary (`PipelinedPrefill`).
+chunk c+1 while card i+1 works on chunk c, with two bridge buffers per boundary (`PipelinedPrefill`; a
+"chunk" there is one forward pass, which may hold several slots' chunks).
 `BridgeModel` can slow every hop down to the CMP's PCIe Gen1 x1 on a fast host link.
 
 On a single card (one stage, run inline on the caller's thread) the same prefill runs each chunk at
@@ -36,14 +37,18 @@ class BridgeModel:
         time.sleep(self.latency_seconds + nbytes / self.bytes_per_second)
 
 
+PrefillPass = Sequence[tuple[int, PrefillChunk]]  # one forward pass: (slot, chunk) pairs, one after another in its rows
+
+
 class PipelinedPrefill:
-    """One prefill of a slot through every stage, chunk by chunk. Each chunk runs on card i's executor and
-    hands its hidden rows (through `hop`) to card i+1's; the bridge buffers' availability and the outcome
-    are shared by the card threads, and a failure anywhere releases every waiting card."""
+    """A prefill through every stage, pass by pass: each pass is one slot's chunk, or several slots' chunks sharing
+    the pass (`SlotDecoder.feed_chunks`). Each pass runs on card i's executor and hands its hidden rows (through
+    `hop`) to card i+1's; the bridge buffers' availability and the outcome are shared by the card threads, and a
+    failure anywhere releases every waiting card."""
 
     def __init__(self, stages: Sequence[Stage], executors: Sequence[CardExecutor],
-                 hop: Callable[[np.ndarray], np.ndarray], slot: int, chunks: Sequence[PrefillChunk]):
-        self.stages, self.executors, self.hop, self.slot, self.chunks = stages, executors, hop, slot, chunks
+                 hop: Callable[[np.ndarray], np.ndarray], passes: Sequence[PrefillPass]):
+        self.stages, self.executors, self.hop, self.chunks = stages, executors, hop, passes
         self.free = [[threading.Event() for _ in range(2)] for _ in stages]  # per card: its two bridge buffers
         for events in self.free:
             for e in events:
@@ -68,24 +73,25 @@ class PipelinedPrefill:
             self.done.set_exception(err)
 
     def _chunk(self, i: int, c: int, hidden: np.ndarray | None) -> None:
-        """Chunk c on card i (on card i's executor); hands its hidden rows to card i+1's executor."""
+        """Pass c on card i (on card i's executor); hands its hidden rows to card i+1's executor."""
         if self.failed:
             return
-        st, part, last = self.stages[i], self.chunks[c], i == len(self.stages) - 1
+        st, chunks, last = self.stages[i], self.chunks[c], i == len(self.stages) - 1
+        rows = sum(len(part.ids) for _, part in chunks)
         try:
             if last:
-                st.decoder.feed_chunk(self.slot, part, hidden)
+                st.decoder.feed_chunks(chunks, hidden)
             else:
                 buf = st.out[c % 2]
                 self.free[i][c % 2].wait()
                 self.free[i][c % 2].clear()
-                st.decoder.feed_chunk(self.slot, part, hidden, out=buf)
+                st.decoder.feed_chunks(chunks, hidden, out=buf)
             if i > 0:
                 self.free[i - 1][c % 2].set()  # this card has copied the previous card's rows in
             if last:
                 if c == len(self.chunks) - 1:
                     self.done.set_result(None)
             else:
-                self.executors[i + 1].submit(self._chunk, i + 1, c, self.hop(buf[: len(part.ids)]))
+                self.executors[i + 1].submit(self._chunk, i + 1, c, self.hop(buf[:rows]))
         except BaseException as err:
             self._fail(err)

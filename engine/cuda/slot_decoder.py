@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from engine.cuda.driver import CudaCard
-from engine.cuda.forward import ForwardPass
+from engine.cuda.forward import ForwardPass, SequenceRows
 from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.host_staging import HostStaging
 from engine.cuda.prefill_clock import PrefillClock
@@ -147,6 +147,7 @@ class SlotDecoder:
         self._host_logits = [False] * slots
         self._top_logprobs: list[int | None] = [None] * slots  # each slot's request.logprobs
         self._graphs: dict[int, DecodeGraph] = {}  # by batch width
+        self._first_pick_rows: dict[int, int] = {}  # slot → the logits row of its last prefill chunk (`begin`'s)
         self._forward_graphs: dict[int, DecodeGraph] = {}  # by batch width, for masked steps (`_queue_forward`)
         if self.sampling is not None:  # a masked step's mask uploads overlap its forward pass on their own stream
             self._mask_stream = card.new_stream()
@@ -214,12 +215,63 @@ class SlotDecoder:
             self.speculator.leave_behind(slot)
         self.prefill_part(self.seqs[slot], part.ids, hidden, out, part.positions,
                           part.embedded if self.fwd.embeds else None)
+        self._first_pick_rows = {slot: 0}
         if self.speculator and part.positions is None:
-            self.speculator.prefilled(slot, part.ids)
+            self.speculator.prefilled([(slot, part.ids)])
+
+    def feed_chunks(self, chunks: Sequence[tuple[int, PrefillChunk]], hidden: np.ndarray | None = None,
+                    out: np.ndarray | None = None) -> None:
+        """Several slots' prefill chunks on this card in one pass (`ForwardPass.run_sequences`: the weights are read
+        once for all), chunk j continuing slot `chunks[j][0]` from row sum(earlier chunks' tokens) of `hidden`/`out`
+        (as `feed_chunk`); slot j's first pick then reads logits row j. Text chunks only, each slot once; one chunk
+        is `feed_chunk`. Every slot's room is checked before anything runs."""
+        if len(chunks) == 1:
+            self.feed_chunk(*chunks[0], hidden, out)
+            return
+        self._no_forward_only("a prefill chunk")
+        self.gaps.interrupt()
+        slots = [slot for slot, _ in chunks]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot takes one chunk of a pass, not several: {slots}")
+        for slot, part in chunks:
+            seq = self.seqs[slot]
+            if part.positions is not None or part.embedded or seq.rope_shift:
+                raise RigllmError(f"slot {slot}: only text chunks at text positions share a prefill pass")
+            self.check_room(seq, len(part.ids))
+        ids = np.concatenate([part.ids for _, part in chunks])
+        self._take_rows(ids, hidden)
+        runs, first = [], 0
+        for slot, part in chunks:
+            seq = self.seqs[slot]
+            seq.set_step(len(part.ids))
+            runs.append(SequenceRows(seq, first, len(part.ids)))
+            first += len(part.ids)
+        with self.prefill_clock.chunk(len(ids)):
+            self.fwd.run_sequences(runs)
+        for run in runs:
+            run.seq.next_position += run.count
+        self._first_pick_rows = {slot: j for j, slot in enumerate(slots)}
+        if self.speculator:
+            self.speculator.prefilled([(slot, part.ids) for slot, part in chunks])
+        self._hand_on(out, len(ids))
 
     def check_room(self, seq: DeviceSequence, n: int) -> None:
         if seq.next_position + n > seq.capacity:
             raise RigllmError(f"{seq.next_position + n} tokens exceed the context of {seq.capacity}")
+
+    def _take_rows(self, ids: np.ndarray, hidden: np.ndarray | None) -> None:
+        """A pass's input: the token ids on the first card, the previous card's hidden rows on a later one."""
+        if self.fwd.embeds:
+            self.fwd.ids.view(0, 4 * len(ids)).upload(np.asarray(ids, dtype=np.int32))
+        else:
+            self.fwd.h.view(0, hidden.nbytes).upload(hidden)
+
+    def _hand_on(self, out: np.ndarray | None, n: int) -> None:
+        """On a card without the head: the pass's n hidden rows into `out`, waited for (the fence before the next
+        card reads them)."""
+        if not self.fwd.heads:
+            self.fwd.h.download_async(out[:n])
+            self.card.stream.synchronize()
 
     def prefill_part(self, seq: DeviceSequence, ids: np.ndarray, hidden: np.ndarray | None = None,
                      out: np.ndarray | None = None, positions: np.ndarray | None = None,
@@ -230,10 +282,7 @@ class SlotDecoder:
         `positions` ([n][3]) and `embedded` ((first row, [k][D] rows), first card only): an image chunk."""
         self._no_forward_only("a prefill chunk")
         n = len(ids)
-        if self.fwd.embeds:
-            self.fwd.ids.view(0, 4 * n).upload(np.asarray(ids, dtype=np.int32))
-        else:
-            self.fwd.h.view(0, hidden.nbytes).upload(hidden)
+        self._take_rows(ids, hidden)
         seq.set_step(n)
         if positions is None and seq.rope_shift:
             positions = text_positions(seq.next_rope_position, n)  # text after an image
@@ -246,13 +295,12 @@ class SlotDecoder:
         seq.next_position += n
         if positions is not None:
             seq.rope_shift = int(np.max(positions)) + 1 - seq.next_position
-        if not self.fwd.heads:
-            self.fwd.h.download_async(out[:n])
-            self.card.stream.synchronize()
+        self._hand_on(out, n)
 
     def begin(self, slot: int, request: SlotRequest, mask: TokenMask | None = None) -> Pick:
         """Set up the slot's sampler (parameters, logit_bias and the penalty history on the device) and pick from
-        the prefill's logits (row 0), among the tokens `mask` allows."""
+        the prefill's logits (row 0, or the slot's row of a pass over several: `feed_chunks`), among the tokens
+        `mask` allows."""
         self._no_forward_only("a request's first pick")
         self.gaps.interrupt()
         sampler, params = self.samplers[slot], request.params
@@ -270,14 +318,15 @@ class SlotDecoder:
                 part = ids[start : start + self.prefill_chunk]
                 self.fwd.ids.view(0, 4 * len(part)).upload(part)
                 sampler.count_tokens(self.fwd.ids, len(part))
+        row = self.fwd.logits_row(self._first_pick_rows.get(slot, 0))
         if params.plain_greedy and not request.constrained:
-            sampler.argmax(self.fwd.logits_row(0))
+            sampler.argmax(row)
         else:
-            sampler.sample(self.fwd.logits_row(0))
-        logits = self.fwd.logits_row(0).download(np.float32, self.config.vocab_size) if request.host_logits else None
+            sampler.sample(row)
+        logits = row.download(np.float32, self.config.vocab_size) if request.host_logits else None
         logprobs = None
         if request.logprobs is not None:
-            self.logprobs[slot].compute(self.fwd.logits_row(0), sampler.token)
+            self.logprobs[slot].compute(row, sampler.token)
             logprobs = self._logprob_record(slot, self.logprobs[slot].out.download(np.uint8, LOGPROB_DTYPE.itemsize))
         if self.speculator:
             self.speculator.begin(slot, request)

@@ -123,27 +123,40 @@ class CudaSpeculator:
     def speculating(self, slot: int) -> bool:
         return slot in self._requests
 
-    def prefilled(self, slot: int, ids: np.ndarray) -> None:
-        """After the trunk's pass over a prefill chunk `ids` (its rows still in the forward pass's `h`): run every
-        head row that is now complete (the owed rows and the chunk's rows but its last, which becomes owed)."""
-        c, head = self.caches[slot], self.head
-        if not c.in_step:
+    def prefilled(self, runs: Sequence[tuple[int, np.ndarray]]) -> None:
+        """After the trunk's pass over prefill chunks (one sequence's, or several one after another: run j's `ids`
+        continue slot `runs[j][0]`, their rows still in the forward pass's `h`): for each slot whose head is in step,
+        run every head row that is now complete (the owed rows and its chunk's rows but the last, which becomes
+        owed). All the rows are normed first, into `rows_in` past room for the owed rows: the head's own passes
+        use `h`."""
+        if not any(self.caches[slot].in_step for slot, _ in runs):
             return
-        n, r, d = len(ids), c.owed_rows, self.fwd.cfg.d_model
+        self.head.norm_trunk_rows(OWED_ROWS, sum(len(ids) for _, ids in runs))
+        first = OWED_ROWS
+        for slot, ids in runs:
+            if self.caches[slot].in_step:
+                self._run_prefilled_rows(self.caches[slot], ids, first)
+            first += len(ids)
+
+    def _run_prefilled_rows(self, c: MtpCache, ids: np.ndarray, at: int) -> None:
+        """`prefilled` for one slot whose chunk's normed rows start at `rows_in` row `at`: its owed rows go just
+        before them (over rows of an earlier run, whose head calls are already queued)."""
+        head, d = self.head, self.fwd.cfg.d_model
+        n, r = len(ids), c.owed_rows
+        start = at - r
         if r:
-            head.rows_in.copy_from(c.owed, F32 * r * d)
-        head.norm_trunk_rows(r, n)
+            head.rows_in.view(F32 * start * d, F32 * r * d).copy_from(c.owed, F32 * r * d)
         tokens = c.owed_tokens + [int(t) for t in ids] if r else [int(t) for t in ids[1:]]
         total = len(tokens)  # = r + n - 1 rows, each paired with its following token
         if total:
             head.ids.view(0, 4 * total).upload(np.asarray(tokens, np.int32))
-        for start in range(0, total, head.max_rows):
-            m = min(head.max_rows, total - start)
+        for offset in range(0, total, head.max_rows):
+            m = min(head.max_rows, total - offset)
             c.steps.view(0, 8).upload(np.asarray([c.position, m], np.int32))
-            head.forward(m, c.rows(0), head.rows_in.view(F32 * start * d, F32 * m * d), head.ids.view(4 * start, 4 * m),
-                         None)
+            head.forward(m, c.rows(0), head.rows_in.view(F32 * (start + offset) * d, F32 * m * d),
+                         head.ids.view(4 * offset, 4 * m), None)
             c.position += m
-        c.owed.copy_from(head.rows_in.view(F32 * total * d, F32 * d))
+        c.owed.copy_from(head.rows_in.view(F32 * (start + total) * d, F32 * d))
         c.owed_rows, c.owed_tokens = 1, []
 
     def stepped(self, feeds: Mapping[int, int]) -> None:

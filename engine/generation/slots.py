@@ -150,6 +150,21 @@ def launches_steps(slots: SlotBackend) -> bool:
     return callable(getattr(slots, "launch", None)) and callable(getattr(slots, "collect", None))
 
 
+class PrefillBatcher(Protocol):
+    """The optional capability of a `SlotBackend` (`batches_prefill`) to prefill several slots' prompt parts in one
+    pass: the CUDA backend then reads the weights once for all of them, where requests that arrive together would
+    otherwise take a pass each, one after another."""
+
+    def prefill_slots(self, parts: Mapping[int, Sequence[int]]) -> None:
+        """`prefill_slot` of each slot's part (slot → its tokens, at most `prefill_chunk` in all); each slot keeps its
+        own last token's logits for its `begin`."""
+
+
+def batches_prefill(slots: SlotBackend) -> bool:
+    """Does this slot backend have the `PrefillBatcher` capability?"""
+    return callable(getattr(slots, "prefill_slots", None))
+
+
 @dataclass(frozen=True)
 class SnapshotCosts:
     """Seconds a snapshot of some tokens costs, as a backend measured them: copying it out of a slot now, copying it into

@@ -8,7 +8,8 @@ captured decode graph replayed token by token through `SlotDecoder.step`, writin
 position and reading back the token id, exactly as generation does; the KV cache is filled to the
 depth without prefilling it, because its values do not change the speed), then aggregate decode
 tokens/s with 1, 2, 4 and 8 streams decoding together (continuous batching: one batched step per
-token of every stream), where a prefill chunk's time goes per kernel (engine/cuda/bench/prefill_breakdown.py:
+token of every stream), a burst of prompts arriving together prefilled alone against shared passes
+(engine/cuda/bench/arrivals.py), where a prefill chunk's time goes per kernel (engine/cuda/bench/prefill_breakdown.py:
 the GEMMs' DP4A fraction inside the real prefill), and what logprobs, logit_bias and grammar masks add to a
 step and move over PCIe (engine/cuda/bench/constrained_steps.py).
 
@@ -33,6 +34,7 @@ import numpy as np
 from engine.cuda.driver import CudaCard
 from gguf import GGMLQuantizationType
 
+from engine.cuda.bench.arrivals import arrival_prefill, render_arrivals
 from engine.cuda.bench.constrained_steps import constrained_step_costs, render_constrained
 from engine.cuda.bench.slot_depth import slots_at_depth
 from engine.cuda.bench.cmp_model import CMP_READ_GBPS, project_step, render_projection, state_bytes
@@ -241,6 +243,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         batched.prepare_step(list(range(wide)))
         wide_breakdown = {"depth": depths[0], "streams": wide, **kernel_breakdown(
             card, lambda: step_launches(batched.fwd, batched.batch, batched.sampling, wide))}
+    arrivals = arrival_prefill(batched)
     constrained = constrained_step_costs(batched, tuple(n for n in (1, 4) if n <= batched.slot_count), depths[0],
                                          decode_steps)
     dp4a_ratio = micro["dp4a_tops"] / CMP_DP4A_TOPS
@@ -260,6 +263,7 @@ def run_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, shape: st
         "projected_cmp_prefill_tokens_per_s": {n: tps / dp4a_ratio for n, tps in prefill.items()},
         "decode": decode,
         "concurrent_streams": {"depth": depths[0], "streams": multi},
+        "arrival_prefill": arrivals,
         "prefill_4k_vs_fastest_decode": speedup,
         "prefill_kernel_breakdown": prefill_parts,
         "decode_kernel_breakdown": breakdown,
@@ -305,6 +309,8 @@ def render_table(r: dict[str, Any]) -> str:
     lines.append(f"streams at depth {m['depth']}   aggregate t/s   per stream t/s")
     for n, d in m["streams"].items():
         lines.append(f"{n:>7}   {d['tokens_per_s']:>13.1f}   {d['per_stream_tokens_per_s']:>14.1f}")
+    if "arrival_prefill" in r:
+        lines.extend(render_arrivals(r["arrival_prefill"]))
     b = r["decode_kernel_breakdown"]
     lines.append(f"decode step at depth {b['depth']}: {b['whole_us']:.0f} us whole, {b['sum_of_parts_us']:.0f} us as parts:")
     for name, k in list(b["kernels"].items())[:8]:

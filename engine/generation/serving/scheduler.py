@@ -4,7 +4,10 @@ Each turn of the loop (1) admits waiting jobs into free slots, choosing the slot
 covers the longest prefix of the job's prompt (a finished request's live state, or a snapshot from
 the prefix cache), (2) runs one prefill chunk of one admitted job, and (3) decodes one token for every
 decoding slot in one batched step. So a long prompt delays the others' next token by one chunk, not
-by its whole prefill, and a request that arrives mid-generation joins the running batch.
+by its whole prefill, and a request that arrives mid-generation joins the running batch. On a backend
+that prefills several slots in one pass (`PrefillBatcher`), the chunk of (2) is shared, oldest job
+first, by as many waiting text prompts as fit in it: requests that arrive together take one pass, not
+one each (a 9B pass over 54 tokens took 19.4 ms on the H200, mostly reading the weights).
 
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
 nothing leaks between requests; a cancelled job leaves its slot at the next turn. Constraints are the
@@ -36,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from engine.generation.prefix_cache import PrefixCache
-from engine.generation.slots import (ImagePrefill, MaskedStepLauncher, Pick, SlotBackend, SlotRequest, StepLauncher,
-                                     launches_masked_steps, launches_steps, snapshot_costs, supports_images)
+from engine.generation.slots import (ImagePrefill, MaskedStepLauncher, Pick, PrefillBatcher, SlotBackend, SlotRequest,
+                                     StepLauncher, batches_prefill, launches_masked_steps, launches_steps,
+                                     snapshot_costs, supports_images)
 from engine.generation.tokenizer import Tokenizer
 from engine.generation.token_mask import TokenMask
 from engine.generation.serving.early_launch import UNSURE, next_feed
@@ -82,6 +86,7 @@ class Scheduler:
         self.slots = [_Slot(i) for i in range(slots.slot_count)]
         self._launches = launches_steps(slots)
         self._launches_masked = launches_masked_steps(slots)
+        self._batches_prefill = batches_prefill(slots)
         # the step launched before its picks' text work: slot → (its job, the token fed), until collected
         self._launched: dict[int, tuple[Job, int]] | None = None
         self._picks_owed = False  # the launched step is a masked one's forward pass: its picks follow the text work
@@ -190,15 +195,19 @@ class Scheduler:
 
     # ---- prefill ---------------------------------------------------------------------------------
     def _prefill_one(self) -> None:
-        waiting = [s for s in self.slots if s.job is not None and s.next_token is None]
+        """One prefill pass: the oldest waiting job's next chunk, shared with other waiting text prompts where the
+        backend can (`_shared_pass`)."""
+        waiting = sorted((s for s in self.slots if s.job is not None and s.next_token is None),
+                         key=lambda s: s.last_used)
         if not waiting:
             return
-        slot = min(waiting, key=lambda s: s.last_used)
+        shared = self._shared_pass(waiting)
+        if len(shared) > 1:
+            self._prefill_together(shared)
+            return
+        slot = waiting[0]
         assert slot.job is not None
-        limit = self.backend.prefill_chunk
-        if slot.snapshot_at > len(slot.tokens):
-            limit = min(limit, slot.snapshot_at - len(slot.tokens))
-        part, slot.pending = slot.pending[:limit], slot.pending[limit:]
+        part = slot.pending[: self._part_limit(slot)]
         try:
             if slot.job.multimodal is not None:  # only admitted when the backend is an ImagePrefill
                 start = len(slot.tokens)
@@ -206,20 +215,64 @@ class Scheduler:
                 cast(ImagePrefill, self.backend).prefill_embedded(slot.index, segment)
             else:
                 self.backend.prefill_slot(slot.index, part)
-            slot.tokens += part
-            _report(slot)
-            if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
-                self._keep_snapshot(slot)
-            if not slot.pending:
-                job, out = slot.job, slot.output
-                assert out is not None
-                request = SlotRequest(job.params, job.prompt_ids, speculative=job.speculative,
-                                      logprobs=job.top_logprobs, logit_bias=job.logit_bias, masked=out.masked)
-                pick = self.backend.begin(slot.index, request, out.next_mask())
-                slot.first_token = time.perf_counter()
-                self._take(slot, pick)
+            self._prefilled(slot, part)
         except Exception as err:
             self._fail(slot, err)
+
+    def _part_limit(self, slot: _Slot) -> int:
+        """The most tokens of the slot's prompt one pass takes: a chunk, or up to where its snapshot is due."""
+        limit = self.backend.prefill_chunk
+        if slot.snapshot_at > len(slot.tokens):
+            limit = min(limit, slot.snapshot_at - len(slot.tokens))
+        return limit
+
+    def _shared_pass(self, waiting: list[_Slot]) -> list[tuple[_Slot, list[int]]]:
+        """The parts of a pass shared by the waiting text prompts, oldest first, each as much of its pending tokens as
+        its limit and the chunk's room left allow (nothing when the oldest has images or the backend cannot)."""
+        if not self._batches_prefill or waiting[0].job.multimodal is not None:  # type: ignore[union-attr]
+            return []
+        room, parts = self.backend.prefill_chunk, []
+        for slot in waiting:
+            if room == 0:
+                break
+            if slot.job.multimodal is None:  # type: ignore[union-attr]
+                part = slot.pending[: min(room, self._part_limit(slot))]
+                parts.append((slot, part))
+                room -= len(part)
+        return parts
+
+    def _prefill_together(self, parts: list[tuple[_Slot, list[int]]]) -> None:
+        """One pass over several slots' parts. Should the pass fail, every slot in it fails (their states may have
+        moved on); each slot's own text work after it fails only that slot."""
+        try:
+            cast(PrefillBatcher, self.backend).prefill_slots({slot.index: part for slot, part in parts})
+        except Exception as err:
+            for slot, _ in parts:
+                self._fail(slot, err)
+            return
+        for slot, part in parts:
+            try:
+                self._prefilled(slot, part)
+            except Exception as err:
+                self._fail(slot, err)
+
+    def _prefilled(self, slot: _Slot, part: list[int]) -> None:
+        """The slot's state has taken `part`: keep a snapshot where one is due, and once the whole prompt is in, begin
+        the request with its first pick."""
+        assert slot.job is not None
+        slot.pending = slot.pending[len(part):]
+        slot.tokens += part
+        _report(slot)
+        if slot.snapshot_at and len(slot.tokens) == slot.snapshot_at:
+            self._keep_snapshot(slot)
+        if not slot.pending:
+            job, out = slot.job, slot.output
+            assert out is not None
+            request = SlotRequest(job.params, job.prompt_ids, speculative=job.speculative,
+                                  logprobs=job.top_logprobs, logit_bias=job.logit_bias, masked=out.masked)
+            pick = self.backend.begin(slot.index, request, out.next_mask())
+            slot.first_token = time.perf_counter()
+            self._take(slot, pick)
 
     def _keep_snapshot(self, slot: _Slot) -> None:
         assert self.cache is not None

@@ -1,0 +1,84 @@
+"""What a burst of requests costs before its first tokens: N prompts arriving together, prefilled one pass each (as
+the scheduler did before issue 28's shared passes) against passes they share (`SlotDecoder.feed_chunks`).
+
+A pass over a short prompt is bound by reading the weights, not by its tokens (a 9B pass over 54 tokens took 19.4 ms
+on the H200, s21d), so N arrivals prefilled alone cost about N passes, while shared passes of up to a chunk of tokens
+cost about one each. The shared passes are cut as the serving scheduler cuts them: oldest prompt first, each taking
+what is left of the chunk. Timed with CUDA events around all of the arrivals' passes, Python launch cost included,
+best of `rounds`, the slots reset (untimed) before each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.cuda.prefill_chunks import PrefillChunk
+from engine.cuda.slot_decoder import SlotDecoder
+
+ARRIVALS = (2, 4, 8)
+PROMPT_TOKENS = 54  # the serving benchmark's prompt (engine.bench_peer.serve_streams)
+
+
+def shared_passes(lengths: list[int], chunk: int) -> list[list[tuple[int, int, int]]]:
+    """Passes of (prompt, first token, count): each pass takes the oldest prompts' next tokens until `chunk` is full."""
+    done = [0] * len(lengths)
+    passes = []
+    while any(d < n for d, n in zip(done, lengths)):
+        room, parts = chunk, []
+        for i, n in enumerate(lengths):
+            take = min(room, n - done[i])
+            if take > 0:
+                parts.append((i, done[i], take))
+                done[i] += take
+                room -= take
+        passes.append(parts)
+    return passes
+
+
+def arrival_prefill(dec: SlotDecoder, arrivals: tuple[int, ...] = ARRIVALS, prompt_tokens: int = PROMPT_TOKENS,
+                    rounds: int = 3) -> dict[str, Any]:
+    """Milliseconds to prefill each burst of `arrivals` prompts of `prompt_tokens` tokens alone and in shared passes
+    (bursts larger than the decoder's slots are left out)."""
+    card, out = dec.card, {}
+    rng = np.random.default_rng(prompt_tokens)
+    for n in (a for a in arrivals if a <= dec.slot_count):
+        prompts = [rng.integers(0, dec.config.vocab_size, prompt_tokens).astype(np.int32) for _ in range(n)]
+
+        def alone() -> None:
+            for slot, ids in enumerate(prompts):
+                dec.prefill_slot(slot, ids)
+
+        def shared() -> None:
+            for parts in shared_passes([len(p) for p in prompts], dec.prefill_chunk):
+                dec.feed_chunks([(i, PrefillChunk(prompts[i][first:first + count])) for i, first, count in parts])
+
+        times = {}
+        for name, run in (("alone", alone), ("shared", shared)):
+            best = float("inf")
+            for _ in range(rounds):
+                for slot in range(n):
+                    dec.reset_slot(slot)
+                card.synchronize()
+                start, end = card.event(), card.event()
+                start.record()
+                run()
+                end.record()
+                end.synchronize()
+                best = min(best, end.elapsed_ms(start))
+            times[name] = best
+        for slot in range(n):
+            dec.reset_slot(slot)
+        out[n] = {"alone_ms": times["alone"], "shared_ms": times["shared"],
+                  "passes": len(shared_passes([prompt_tokens] * n, dec.prefill_chunk)),
+                  "speedup": times["alone"] / times["shared"]}
+    return {"prompt_tokens": prompt_tokens, "arrivals": out}
+
+
+def render_arrivals(r: dict[str, Any]) -> list[str]:
+    lines = [f"arrivals of {r['prompt_tokens']}-token prompts   prefilled alone   in shared passes"]
+    for n, a in r["arrivals"].items():
+        lines.append(f"{n:>8}   {a['alone_ms']:>14.1f} ms   {a['shared_ms']:>8.1f} ms in {a['passes']} "
+                     f"({a['speedup']:.2f}x)")
+    return lines

@@ -38,7 +38,7 @@ import numpy as np
 
 from engine.cuda.card_thread import ThreadFactory, card_executors
 from engine.cuda.driver import CudaCard
-from engine.cuda.forward import ForwardPass
+from engine.cuda.forward import ForwardPass, shares_bit_for_bit
 from engine.cuda.kv_cache import download_side_rows
 from engine.cuda.pipeline import BridgeModel, PipelinedPrefill
 from engine.cuda.pipeline_speculation import PipelineRounds
@@ -246,14 +246,20 @@ class CudaBackend:
     def prefill_embedded(self, slot: int, segment: PromptSegment) -> None:
         self._prefill(slot, segment_chunks(segment, self.prefill_chunk))
 
+    def shares_prefill(self, counts: Sequence[int]) -> bool:
+        """`PrefillBatcher`: can parts of these token counts share one pass, each coming out bit for bit as in a pass
+        of its own? At most `prefill_chunk` tokens in all, every part more than 8 tokens (`shares_bit_for_bit`)."""
+        return 0 < len(counts) <= self.slot_count and sum(counts) <= self.prefill_chunk and min(counts) > 0 \
+            and shares_bit_for_bit(counts)
+
     def prefill_slots(self, parts: Mapping[int, Sequence[int]]) -> None:
-        """`PrefillBatcher`: several slots' text tokens in one forward pass on every card (at most `prefill_chunk`
-        in all, at most one part per slot), so the weights are read once for all of them; each slot's first pick
-        then comes from its own logits row."""
-        total = sum(len(ids) for ids in parts.values())
-        if not parts or total > self.prefill_chunk or any(not ids for ids in parts.values()):
-            raise ValueError(f"a shared prefill pass holds 1..{self.prefill_chunk} tokens, each part at least one; "
-                             f"got parts of {[len(ids) for ids in parts.values()]}")
+        """`PrefillBatcher`: several slots' text tokens in one forward pass on every card (`shares_prefill` must allow
+        their counts), so the weights are read once for all of them; each slot's first pick then comes from its own
+        logits row."""
+        counts = [len(ids) for ids in parts.values()]
+        if not self.shares_prefill(counts):
+            raise ValueError(f"parts of {counts} tokens cannot share a prefill pass: at most {self.prefill_chunk} "
+                             "tokens in all, each part more than 8 tokens")
         first = self.stages[0].decoder
         for slot, ids in parts.items():
             first.check_room(first.seqs[slot], len(ids))

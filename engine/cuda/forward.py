@@ -18,9 +18,10 @@ B rows, so the weights are read once for all sequences, and the mixers (attentio
 GDN with its state) run slot-indexed (engine.cuda.slot_batch): one launch per kernel for all B rows,
 each row reading and advancing its own slot's state. `run_sequences` takes consecutive runs of rows,
 each a prefill chunk of its own sequence (several requests arriving together): the matmuls, norms and
-SwiGLU run once over all rows, each mixer once per run, as `run` would run it on that run alone, so a
-run's rows come out as its own pass would leave them (the matmuls aside, whose kernel follows the total
-row count). `run_verify` is `run` for a
+SwiGLU run once over all rows, each mixer once per run, as `run` would run it on that run alone. Where
+every run has more than MAX_GEMV_TOKENS rows, its rows come out bit for bit as its own pass leaves them
+(the GEMM and the prefill-shaped norm give a row the same bits at any row count); a shorter run would take
+the GEMV alone, hence `shares_bit_for_bit`. `run_verify` is `run` for a
 speculative verify (T <= 8 tokens through the GEMV path): logits and normed hidden rows for every
 token, the GDN states after each token kept in rings for the rollback, attention splits sized for the
 capacity so that a captured verify graph replays at any position.
@@ -79,6 +80,13 @@ class SequenceRows:
     def of(self, rows: DeviceBuffer, width: int) -> DeviceBuffer:
         """These rows of a [T][width] fp32 matrix."""
         return _rows(rows, width, self.first, self.count)
+
+
+def shares_bit_for_bit(counts: Sequence[int]) -> bool:
+    """Do runs of these token counts, in one `run_sequences` pass, each come out bit for bit as in a pass of its own?
+    One run always does; several do when each has more than MAX_GEMV_TOKENS rows, so that each takes the GEMM and
+    the prefill-shaped norm alone as well as together (a shorter one would take the GEMV alone: other sums)."""
+    return len(counts) == 1 or min(counts) > MAX_GEMV_TOKENS
 
 
 Owner = DeviceSequence | SlotBatch | tuple[SequenceRows, ...]  # (or anything shaped like a DeviceSequence: mtp.HeadRows)
@@ -227,10 +235,11 @@ class ForwardPass:
 
     def run_sequences(self, runs: Sequence[SequenceRows]) -> None:
         """Each run's tokens continue its own sequence, one after another in `ids` (or hidden rows in `h` on a later
-        card): run j's last token's logits → `logits_row(j)` on the card with the head (each run's last hidden row is
-        gathered into the scratch `proj` for the final norm and one LM-head matmul), else the rows stay in `h`.
-        Text positions only. Each sequence's `step` must hold its run's start and count (`set_step`)."""
-        cfg, d = self.cfg, self.cfg.d_model
+        card): run j's last token's logits → `logits_row(j)` on the card with the head, else the rows stay in `h`.
+        Text positions only. Each sequence's `step` must hold its run's start and count (`set_step`). The head runs
+        once per run, on one row, as `run` runs it: a K-quant GEMV's order of sums differs between one row and
+        several (gemv_kq.cu's pair variants), and a run's logits must not depend on its neighbours."""
+        d = self.cfg.d_model
         n = sum(r.count for r in runs)
         if not 1 <= len(runs) <= MAX_GEMV_TOKENS or n > self.max_tokens:
             raise ValueError(f"a pass over several sequences holds 1..{MAX_GEMV_TOKENS} runs and at most "
@@ -241,12 +250,10 @@ class ForwardPass:
         self._layers(n, tuple(runs), None)
         if not self.heads:
             return
-        last = _rows(self.proj, d, 0, len(runs))
-        for j, r in enumerate(runs):  # the scratch is free once the last layer has run
-            _rows(last, d, j, 1).copy_from(_rows(self.h, d, r.first + r.count - 1, 1))
         x = self.q8[d]
-        self._norm(last, self.w.output_norm, x, len(runs), self.w.lm_head)
-        matmul(self.card, self.w.lm_head, x, self.logits, len(runs))
+        for j, r in enumerate(runs):
+            self._norm(_rows(self.h, d, r.first + r.count - 1, 1), self.w.output_norm, x, 1, self.w.lm_head)
+            matmul(self.card, self.w.lm_head, x, self.logits_row(j), 1)
 
     def _layers(self, n: int, owner: Owner, positions: DeviceBuffer | None,
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:

@@ -153,16 +153,20 @@ def launches_steps(slots: SlotBackend) -> bool:
 class PrefillBatcher(Protocol):
     """The optional capability of a `SlotBackend` (`batches_prefill`) to prefill several slots' prompt parts in one
     pass: the CUDA backend then reads the weights once for all of them, where requests that arrive together would
-    otherwise take a pass each, one after another."""
+    otherwise take a pass each, one after another. Only parts that come out exactly as in passes of their own share
+    one (`shares_prefill`), so a request's output never depends on what arrived beside it."""
+
+    def shares_prefill(self, counts: Sequence[int]) -> bool:
+        """Can parts of these token counts share one pass, each giving the bits a pass of its own gives?"""
 
     def prefill_slots(self, parts: Mapping[int, Sequence[int]]) -> None:
-        """`prefill_slot` of each slot's part (slot → its tokens, at most `prefill_chunk` in all); each slot keeps its
-        own last token's logits for its `begin`."""
+        """`prefill_slot` of each slot's part (slot → its tokens; `shares_prefill` allows their counts); each slot
+        keeps its own last token's logits for its `begin`."""
 
 
 def batches_prefill(slots: SlotBackend) -> bool:
     """Does this slot backend have the `PrefillBatcher` capability?"""
-    return callable(getattr(slots, "prefill_slots", None))
+    return all(callable(getattr(slots, name, None)) for name in ("prefill_slots", "shares_prefill"))
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ each output sums its blocks in the same order with the same fold); the row-slice
 are per row; each part's GDN and attention launches are the ones its own pass makes (`ForwardPass.run_sequences`);
 the LM head's GEMV gives a row the same bits at any row count (test_teeth_batches.py). So the first pick's logits,
 every later step's, the MTP head's cache position and owed row, and the speculative rounds after it must all be
-equal. A part of at most 8 tokens takes the GEMV alone but the GEMM in a shared pass of more rows: another order of
-the same sums, so it is held to the fixture's whole-model bound against the reference instead (tests/teeth.py).
+equal. (A part of at most 8 tokens would take the GEMV alone and the GEMM in a shared pass: other sums, so the backend
+never lets one share: `CudaBackend.shares_prefill`.)
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from engine.generation.serving.model_service import ModelService
 from engine.generation.serving.scheduler import Scheduler
 from engine.generation.slots import SlotRequest
 from engine.gguf.loader import load_model
-from tests.teeth import (FIXTURE_Q8, WHOLE_MODEL_FACTOR, Comparison, fixture_samples, kernel_reference,
-                         reference_state, summation_reorder)
+from tests.teeth import FIXTURE_Q8, fixture_samples
 
 GREEDY = SamplingParams(temperature=0.0)
 CHUNK = 64
@@ -83,13 +82,18 @@ def test_slots_prefilled_together_continue_bit_for_bit_as_alone(n_cards):
 
 
 def test_the_mtp_head_takes_each_slots_rows_of_a_shared_pass():
-    """A speculating slot's head is fed its own rows of the shared pass: the same head position and owed row as after
-    its own prefill, and the same greedy tokens with the same drafts accepted in the speculative rounds after."""
+    """A speculating slot's head is fed its own rows of the shared pass: the same head position, owed row and head KV
+    cache as after its own prefill, and the same greedy tokens, drafts and acceptances in the speculative rounds
+    after."""
     loaded = load_model(FIXTURE_Q8)
     prompts, _ = prompts_of(loaded, {1: 40, 0: 17})
     request = SlotRequest(GREEDY, (), speculative=True)
 
-    def run(together: bool) -> tuple[dict[int, tuple[int, int, bytes]], dict[int, list[int]], int]:
+    def head_state(cache) -> tuple[int, int, bytes, bytes]:
+        kv = b"".join(buf.download(np.uint8, buf.nbytes).tobytes() for buf in cache.cache.buffers())
+        return cache.position, cache.owed_rows, cache.owed.download(np.uint8, cache.owed.nbytes).tobytes(), kv
+
+    def run(together: bool) -> tuple[dict[int, tuple], dict[int, list[int]], tuple[int, int]]:
         gpu = CudaBackend(loaded, context=256, chunk=CHUNK, slots=2, draft_tokens=2)
         try:
             for slot in prompts:
@@ -100,56 +104,25 @@ def test_the_mtp_head_takes_each_slots_rows_of_a_shared_pass():
             for slot, prompt in prompts.items():
                 if not together:
                     gpu.prefill_slot(slot, prompt)
-                cache = gpu.slots.speculator.caches[slot]
-                heads[slot] = (cache.position, cache.owed_rows, cache.owed.download(np.uint8, cache.owed.nbytes).tobytes())
+                heads[slot] = head_state(gpu.slots.speculator.caches[slot])
                 tokens[slot] = [gpu.begin(slot, request).token]
             for slot in prompts:  # each alone: speculative rounds
                 while len(tokens[slot]) < 24:
                     pick = gpu.step({slot: tokens[slot][-1]})[slot]
                     tokens[slot] += pick.tokens
-            return heads, tokens, gpu.speculation_stats.accepted
+            stats = gpu.speculation_stats
+            return heads, tokens, (stats.drafted, stats.accepted)
         finally:
             gpu.close()
 
-    heads_alone, tokens_alone, accepted_alone = run(False)
-    heads_together, tokens_together, accepted_together = run(True)
+    heads_alone, tokens_alone, drafts_alone = run(False)
+    heads_together, tokens_together, drafts_together = run(True)
     print(f"MTP head after a shared pass: positions {[h[0] for h in heads_together.values()]}, "
-          f"drafts accepted {accepted_together} (alone {accepted_alone})")
-    assert accepted_alone > 0, "no draft was accepted: the comparison lost its point"
+          f"(drafted, accepted) {drafts_together} (alone {drafts_alone})")
+    assert drafts_alone[0] > 0, "no speculative round drafted: the comparison lost its point"
     assert heads_together == heads_alone
     assert tokens_together == tokens_alone
-    assert accepted_together == accepted_alone
-
-
-def test_a_short_part_of_a_shared_pass_meets_the_whole_model_bound():
-    """A 5-token part next to a 50-token one: its logits (the GEMM's order of sums, not the GEMV's it takes alone)
-    within WHOLE_MODEL_FACTOR x the reference's own reorder floor of the reference, and the reference's arg-max
-    wherever its top two logits are further apart than twice that bound."""
-    loaded = load_model(FIXTURE_Q8)
-    prompts, forced = prompts_of(loaded, {0: 50, 1: 5})
-    gpu = CudaBackend(loaded, context=256, chunk=CHUNK, slots=2, speculative=False)
-    try:
-        together = logits_after(gpu, prompts, forced, together=True)[1]
-    finally:
-        gpu.close()
-
-    def reference_rows() -> np.ndarray:
-        model = kernel_reference(loaded)
-        state = reference_state(model)
-        rows = [model.forward(prompts[1], state)[-1]]
-        rows += [model.forward([t], state)[-1] for t in forced[1]]
-        return np.stack(rows).astype(np.float64)
-
-    want = reference_rows()
-    with summation_reorder():
-        floor = Comparison.of(reference_rows(), want)
-    got = Comparison.of(together.astype(np.float64), want)
-    print(f"short part of a shared pass ({len(want)} positions): {got.summary()}; floor {floor.summary()}")
-    bound = WHOLE_MODEL_FACTOR * floor.worst
-    assert got.worst <= bound
-    top2 = np.sort(want, axis=1)[:, -2:]
-    clear = (top2[:, 1] - top2[:, 0]) / np.abs(want).max(axis=1) > 2 * bound
-    assert got.agree[clear].all(), f"arg-max differs at clear positions {np.flatnonzero(clear & ~got.agree)}"
+    assert drafts_together == drafts_alone
 
 
 class OnePassEach:

@@ -89,7 +89,8 @@ def test_a_shared_pass_reads_the_weights_once_and_runs_each_chunks_mixers_on_its
     card.launch_args.clear()
     dec.feed_chunks(chunks_of(LENGTHS))
     shared = names(card)
-    assert sum(n.startswith(("gemm", "gemv")) for n in shared) == matmuls_per_pass
+    # the trunk's matmuls once for all rows; the LM head (one launch a pass) once a chunk, on its last row
+    assert sum(n.startswith(("gemm", "gemv")) for n in shared) == matmuls_per_pass - 1 + len(LENGTHS)
     assert sum(n.startswith("embed") for n in shared) == 1
     assert Counter(n for n in shared if n.startswith(MIXERS)) == alone_mixers
     per_slot: Counter = Counter()
@@ -164,29 +165,32 @@ def test_the_backend_shares_a_pass_over_every_card_and_refuses_what_it_cannot(de
                       card_factory=FakeCard, speculative=False)
     try:
         assert batches_prefill(gpu)
-        gpu.prefill_slots({slot: list(range(1, n + 1)) for slot, n in LENGTHS.items()})
+        lengths = {0: 20, 1: 12, 2: 30}
+        gpu.prefill_slots({slot: list(range(1, n + 1)) for slot, n in lengths.items()})
         for stage in gpu.stages:
-            assert [stage.decoder.seqs[slot].next_position for slot in LENGTHS] == list(LENGTHS.values())
+            assert [stage.decoder.seqs[slot].next_position for slot in lengths] == list(lengths.values())
         assert gpu.stages[-1].decoder._first_pick_rows == {0: 0, 1: 1, 2: 2}
-        with pytest.raises(ValueError, match="shared prefill pass"):
-            gpu.prefill_slots({0: list(range(40)), 1: list(range(30))})  # 70 tokens: more than a chunk
-        with pytest.raises(ValueError, match="shared prefill pass"):
-            gpu.prefill_slots({0: [1, 2], 1: []})
+        assert gpu.shares_prefill([9, 9]) and gpu.shares_prefill([5]) and not gpu.shares_prefill([40, 8])
+        for parts in ({0: list(range(40)), 1: list(range(30))},  # 70 tokens: more than a chunk
+                      {0: list(range(20)), 1: list(range(5))},  # 5 tokens take the GEMV alone: other bits
+                      {0: list(range(20)), 1: []}):
+            with pytest.raises(ValueError, match="cannot share a prefill pass"):
+                gpu.prefill_slots(parts)
         for stage in gpu.stages:
             stage.decoder.seqs[2].next_position = 250
         with pytest.raises(RigllmError, match="exceed the context"):
             gpu.prefill_slots({0: list(range(20)), 2: list(range(20))})
-        assert [stage.decoder.seqs[0].next_position for stage in gpu.stages] == [LENGTHS[0]] * 2  # nothing ran
+        assert [stage.decoder.seqs[0].next_position for stage in gpu.stages] == [lengths[0]] * 2  # nothing ran
     finally:
         gpu.close()
 
 
 def test_the_bench_cuts_shared_passes_as_the_scheduler_does_and_times_both_ways(demo):
-    assert shared_passes([54] * 8, 256) == [[(0, 0, 54), (1, 0, 54), (2, 0, 54), (3, 0, 54), (4, 0, 40)],
-                                            [(4, 40, 14), (5, 0, 54), (6, 0, 54), (7, 0, 54)]]
-    assert shared_passes([10, 3], 256) == [[(0, 0, 10), (1, 0, 3)]]
+    assert shared_passes([54] * 8, 256) == [[(i, 0, 54) for i in range(4)], [(i, 0, 54) for i in range(4, 8)]]
+    assert shared_passes([300, 54], 256) == [[(0, 0, 256)], [(0, 256, 44), (1, 0, 54)]]
+    assert shared_passes([10, 3, 20], 256) == [[(0, 0, 10), (2, 0, 20)], [(1, 0, 3)]]  # 3 tokens pass alone
     _, dec = decoder(demo, slots=4)
-    result = arrival_prefill(dec, arrivals=(2, 4, 8), prompt_tokens=40, rounds=1)
+    result = arrival_prefill(dec, arrivals=(2, 4, 8), prompt_tokens=30, rounds=1)
     assert sorted(result["arrivals"]) == [2, 4]  # 8 arrivals need more slots than the decoder has
-    assert result["arrivals"][4]["passes"] == 3  # 160 tokens in 64-token chunks
+    assert result["arrivals"][4]["passes"] == 2  # two 30-token prompts a 64-token pass
     assert all(seq.next_position == 0 for seq in dec.seqs)

@@ -1,6 +1,7 @@
 """The scheduler's shared prefill passes (issue 28: `PrefillBatcher`): prompts waiting together share one pass, oldest
-first, each taking what its own limit (a chunk, a due snapshot) and the chunk's room left allow; a pass that fails
-fails its own jobs only; a backend without the capability prefills one job per pass as before."""
+first, each with exactly the part a pass of its own would take (a chunk, or up to a due snapshot), where the backend
+lets them share (here as on CUDA: at most a chunk in all, every part more than 8 tokens); a pass that fails fails
+its own jobs only; a backend without the capability prefills one job per pass as before."""
 
 from __future__ import annotations
 
@@ -42,10 +43,13 @@ class LoggedSlots:
         self.log.append(("one", slot, len(token_ids)))
         self.state[slot] += token_ids
 
+    def shares_prefill(self, counts: Sequence[int]) -> bool:
+        return sum(counts) <= self.prefill_chunk and (len(counts) == 1 or min(counts) > 8)
+
     def prefill_slots(self, parts: Mapping[int, Sequence[int]]) -> None:
         if self.fail_shared:
             raise RuntimeError("the card failed")
-        assert sum(len(p) for p in parts.values()) <= self.prefill_chunk
+        assert self.shares_prefill([len(p) for p in parts.values()])
         self.log.append(("shared", {slot: len(ids) for slot, ids in parts.items()}))
         for slot, ids in parts.items():
             self.state[slot] += ids
@@ -74,7 +78,7 @@ class LoggedSlots:
 class OneAtATime(LoggedSlots):
     """The same slots without the capability."""
 
-    prefill_slots = None  # type: ignore[assignment]
+    prefill_slots = shares_prefill = None  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +104,20 @@ def prompt(n: int, start: int = 100) -> list[int]:
     return list(range(start, start + n))
 
 
-def test_prompts_waiting_together_share_passes_oldest_first(service):
+def test_prompts_waiting_together_share_passes_oldest_first_none_cut_to_fit(service):
     slots = LoggedSlots()
-    events = serve(service, slots, [prompt(30), prompt(40, 200), prompt(50, 300)])
+    events = serve(service, slots, [prompt(30), prompt(50, 200), prompt(60, 300), prompt(20, 400)])
     passes = [entry for entry in slots.log if entry[0] != "begin"]
-    assert passes == [("shared", {0: 30, 1: 40, 2: 30}), ("one", 2, 20)]  # the third's rest fills the next pass
-    assert slots.log.index(("begin", 0)) == slots.log.index(("begin", 1)) - 1 == 1  # both begin after the first pass
+    assert passes == [("shared", {0: 30, 1: 50, 3: 20}), ("one", 2, 60)]  # 60 would not fit beside 30 + 50
+    assert slots.log[1:4] == [("begin", 0), ("begin", 1), ("begin", 3)]  # each begins after the shared pass
     assert all(isinstance(e[-1], Finished) and e[-1].completion_tokens == 3 for e in events)
+
+
+def test_a_short_part_takes_its_pass_alone(service):
+    """A part of 8 tokens or fewer would take other kernels alone (the GEMV) than in a shared pass: it never shares."""
+    slots = LoggedSlots()
+    serve(service, slots, [prompt(5), prompt(30, 200), prompt(40, 300)])
+    assert [entry for entry in slots.log if entry[0] != "begin"] == [("one", 0, 5), ("shared", {1: 30, 2: 40})]
 
 
 def test_a_due_snapshot_cuts_a_prompts_part_of_a_shared_pass(service):

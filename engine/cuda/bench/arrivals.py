@@ -3,8 +3,7 @@ the scheduler did before issue 28's shared passes) against passes they share (`S
 
 A pass over a short prompt is bound by reading the weights, not by its tokens (a 9B pass over 54 tokens took 19.4 ms
 on the H200, s21d), so N arrivals prefilled alone cost about N passes, while shared passes of up to a chunk of tokens
-cost about one each. The shared passes are cut as the serving scheduler cuts them: oldest prompt first, each taking
-what is left of the chunk. Timed with CUDA events around all of the arrivals' passes, Python launch cost included,
+cost about one each. The shared passes are cut as the serving scheduler cuts them (`shared_passes`). Timed with CUDA events around all of the arrivals' passes, Python launch cost included,
 best of `rounds`, the slots reset (untimed) before each.
 """
 
@@ -14,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.cuda.forward import shares_bit_for_bit
 from engine.cuda.prefill_chunks import PrefillChunk
 from engine.cuda.slot_decoder import SlotDecoder
 
@@ -22,17 +22,20 @@ PROMPT_TOKENS = 54  # the serving benchmark's prompt (engine.bench_peer.serve_st
 
 
 def shared_passes(lengths: list[int], chunk: int) -> list[list[tuple[int, int, int]]]:
-    """Passes of (prompt, first token, count): each pass takes the oldest prompts' next tokens until `chunk` is full."""
+    """Passes of (prompt, first token, count), cut as the scheduler cuts them: each prompt's next part is what a pass
+    of its own would take (at most a chunk), and joins the pass, oldest prompt first, where it fits beside the parts
+    already in it and may share with them (`shares_bit_for_bit`)."""
     done = [0] * len(lengths)
     passes = []
     while any(d < n for d, n in zip(done, lengths)):
-        room, parts = chunk, []
+        parts: list[tuple[int, int, int]] = []
         for i, n in enumerate(lengths):
-            take = min(room, n - done[i])
-            if take > 0:
+            take = min(chunk, n - done[i])
+            counts = [c for _, _, c in parts] + [take]
+            if take > 0 and (not parts or (sum(counts) <= chunk and shares_bit_for_bit(counts))):
                 parts.append((i, done[i], take))
-                done[i] += take
-                room -= take
+        for i, _, take in parts:
+            done[i] += take
         passes.append(parts)
     return passes
 

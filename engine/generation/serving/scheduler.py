@@ -5,9 +5,11 @@ covers the longest prefix of the job's prompt (a finished request's live state, 
 the prefix cache), (2) runs one prefill chunk of one admitted job, and (3) decodes one token for every
 decoding slot in one batched step. So a long prompt delays the others' next token by one chunk, not
 by its whole prefill, and a request that arrives mid-generation joins the running batch. On a backend
-that prefills several slots in one pass (`PrefillBatcher`), the chunk of (2) is shared, oldest job
-first, by as many waiting text prompts as fit in it: requests that arrive together take one pass, not
-one each (a 9B pass over 54 tokens took 19.4 ms on the H200, mostly reading the weights).
+that prefills several slots in one pass (`PrefillBatcher`), the pass of (2) is shared, oldest job
+first, by the waiting text prompts whose next parts fit in it and may share it (each part exactly the
+one it would take alone, so every request gets the bits it would get alone): requests that arrive
+together take one pass, not one each (a 9B pass over 54 tokens took 19.4 ms on the H200, mostly
+reading the weights).
 
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
 nothing leaks between requests; a cancelled job leaves its slot at the next turn. Constraints are the
@@ -227,18 +229,18 @@ class Scheduler:
         return limit
 
     def _shared_pass(self, waiting: list[_Slot]) -> list[tuple[_Slot, list[int]]]:
-        """The parts of a pass shared by the waiting text prompts, oldest first, each as much of its pending tokens as
-        its limit and the chunk's room left allow (nothing when the oldest has images or the backend cannot)."""
+        """The parts of a pass shared by waiting text prompts: the oldest one's next part, then, oldest first, every
+        other one's next part (never cut shorter than alone) that the backend lets share the pass with them (nothing
+        when the oldest has images or the backend cannot)."""
         if not self._batches_prefill or waiting[0].job.multimodal is not None:  # type: ignore[union-attr]
             return []
-        room, parts = self.backend.prefill_chunk, []
+        batcher = cast(PrefillBatcher, self.backend)
+        parts: list[tuple[_Slot, list[int]]] = []
         for slot in waiting:
-            if room == 0:
-                break
             if slot.job.multimodal is None:  # type: ignore[union-attr]
-                part = slot.pending[: min(room, self._part_limit(slot))]
-                parts.append((slot, part))
-                room -= len(part)
+                part = slot.pending[: self._part_limit(slot)]
+                if not parts or batcher.shares_prefill([len(p) for _, p in parts] + [len(part)]):
+                    parts.append((slot, part))
         return parts
 
     def _prefill_together(self, parts: list[tuple[_Slot, list[int]]]) -> None:

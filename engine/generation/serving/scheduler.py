@@ -8,8 +8,8 @@ by its whole prefill, and a request that arrives mid-generation joins the runnin
 that prefills several slots in one pass (`PrefillBatcher`), the pass of (2) is shared, oldest job
 first, by the waiting text prompts whose next parts fit in it and may share it (each part exactly the
 one it would take alone, so every request gets the bits it would get alone): requests that arrive
-together take one pass, not one each (a 9B pass over 54 tokens took 19.4 ms on the H200, mostly
-reading the weights).
+together take one pass, not one each (on the H200 four 54-token 9B prompts took 52 ms in one pass
+against 77 ms in four, s24a).
 
 Sampling parameters live in the slot for the duration of its request (`SlotBackend.begin`), so
 nothing leaks between requests; a cancelled job leaves its slot at the next turn. Constraints are the

@@ -4,8 +4,8 @@ are read once for all of them) continue exactly as if each had been prefilled al
 Why the bound is bit-for-bit equality where every slot's part is longer than 8 tokens: such a part takes the GEMM
 alone and in the shared pass, and the GEMM gives every row the same bits for any token count and tile (gemm_q8.cu:
 each output sums its blocks in the same order with the same fold); the row-sliced RMSNorm and the elementwise SwiGLU
-are per row; each part's GDN and attention launches are the ones its own pass makes (`ForwardPass.run_sequences`);
-the LM head's GEMV gives a row the same bits at any row count (test_teeth_batches.py). So the first pick's logits,
+are per row; each part's GDN and attention launches, and its final norm and LM head on its last row, are the ones its
+own pass makes (`ForwardPass.run_sequences`). So the first pick's logits,
 every later step's, the MTP head's cache position and owed row, and the speculative rounds after it must all be
 equal. (A part of at most 8 tokens would take the GEMV alone and the GEMM in a shared pass: other sums, so the backend
 never lets one share: `CudaBackend.shares_prefill`.)

@@ -25,6 +25,7 @@ from engine.generation.backend import CardSpec
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest, batches_prefill
 from engine.gguf.loader import load_model
+from engine.model.kv_formats import kv_format
 from fake_card import FakeBuffer, FakeCard
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
@@ -38,11 +39,12 @@ def demo():
     return load_model(ensure_demo_model())
 
 
-def decoder(loaded, slots: int = 3, mtp: bool = False) -> tuple[FakeCard, SlotDecoder]:
+def decoder(loaded, slots: int = 3, mtp: bool = False, kv: str = "f16") -> tuple[FakeCard, SlotDecoder]:
     card = FakeCard()
     weights = upload_weights(card, loaded.file, loaded.config)
     head = upload_mtp_weights(card, loaded.file, loaded.config, weights) if mtp else None
-    return card, SlotDecoder(card, loaded.config, weights, context=256, slots=slots, chunk=CHUNK, mtp=head)
+    return card, SlotDecoder(card, loaded.config, weights, context=256, slots=slots, chunk=CHUNK, mtp=head,
+                             kv=kv_format(kv))
 
 
 def chunks_of(lengths: dict[int, int]) -> list[tuple[int, PrefillChunk]]:
@@ -73,8 +75,10 @@ def slot_of(dec: SlotDecoder, args: tuple) -> set[int]:
     return touched
 
 
-def test_a_shared_pass_reads_the_weights_once_and_runs_each_chunks_mixers_on_its_own_state(demo):
-    card, dec = decoder(demo)
+@pytest.mark.parametrize("kv", ["f16", "k8v3"])
+def test_a_shared_pass_reads_the_weights_once_and_runs_each_chunks_mixers_on_its_own_state(demo, kv):
+    """Also over a quantised cache, whose K/V rows each chunk stages and encodes into its own slot's cache."""
+    card, dec = decoder(demo, kv=kv)
     alone_mixers: Counter = Counter()
     for slot, part in chunks_of(LENGTHS):
         card.launches.clear()
@@ -95,11 +99,12 @@ def test_a_shared_pass_reads_the_weights_once_and_runs_each_chunks_mixers_on_its
     assert Counter(n for n in shared if n.startswith(MIXERS)) == alone_mixers
     per_slot: Counter = Counter()
     for name, args in card.launch_args:
-        if name.startswith(("gdn_recurrent", "gdn_chunk", "attn_prep")):
+        if name.startswith(("gdn_recurrent", "gdn_chunk", "attn_prep" if kv == "f16" else "kv_encode")):
             touched = slot_of(dec, args)
             assert len(touched) == 1, f"{name} touches slots {touched}"
             per_slot[touched.pop()] += 1
-    layers = len(demo.config.gdn_layers) + len(demo.config.attention_layers)
+    attention_launches = 1 if kv == "f16" else 2  # attn_prep writes f16 rows; else K and V each get a kv_encode
+    layers = len(demo.config.gdn_layers) + attention_launches * len(demo.config.attention_layers)
     assert per_slot == {slot: layers for slot in LENGTHS}
     assert [dec.seqs[slot].next_position for slot in LENGTHS] == list(LENGTHS.values())
 

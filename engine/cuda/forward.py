@@ -321,7 +321,7 @@ class ForwardPass:
                       c.rms_eps, y_q8=y if fused_q8 else None, ring=self._rings[i] if self._rings is not None else None,
                       slots=slots, prefetch=prefetch)
         else:
-            for r in owner:  # each run continues its own state, as its own pass would (the prefetch before the matmul)
+            for r in owner:  # each run continues its own state, as its own pass would; the last one prefetches
                 inputs = GdnInputs(*(Rows(r.of(seg, width), width) for seg, width in zip(segments, widths)))
                 gdn_mixer(self.card, self.gdn_dims, w, r.seq.gdn[i], inputs, r.of(self.conv_out, c.ssm_conv_dim),
                           r.of(self.gdn_y, c.ssm_d_inner), self.head_done, r.count, c.rms_eps,

@@ -48,7 +48,7 @@ class PipelinedPrefill:
 
     def __init__(self, stages: Sequence[Stage], executors: Sequence[CardExecutor],
                  hop: Callable[[np.ndarray], np.ndarray], passes: Sequence[PrefillPass]):
-        self.stages, self.executors, self.hop, self.chunks = stages, executors, hop, passes
+        self.stages, self.executors, self.hop, self.passes = stages, executors, hop, passes
         self.free = [[threading.Event() for _ in range(2)] for _ in stages]  # per card: its two bridge buffers
         for events in self.free:
             for e in events:
@@ -57,10 +57,10 @@ class PipelinedPrefill:
         self.failed = False
 
     def run(self) -> None:
-        """Start every chunk on the first card and wait for the last chunk to leave the last card."""
-        if not self.chunks:
+        """Start every pass on the first card and wait for the last one to leave the last card."""
+        if not self.passes:
             return
-        for c in range(len(self.chunks)):
+        for c in range(len(self.passes)):
             self.executors[0].submit(self._chunk, 0, c, None)
         self.done.result()
 
@@ -76,7 +76,7 @@ class PipelinedPrefill:
         """Pass c on card i (on card i's executor); hands its hidden rows to card i+1's executor."""
         if self.failed:
             return
-        st, chunks, last = self.stages[i], self.chunks[c], i == len(self.stages) - 1
+        st, chunks, last = self.stages[i], self.passes[c], i == len(self.stages) - 1
         rows = sum(len(part.ids) for _, part in chunks)
         try:
             if last:
@@ -89,7 +89,7 @@ class PipelinedPrefill:
             if i > 0:
                 self.free[i - 1][c % 2].set()  # this card has copied the previous card's rows in
             if last:
-                if c == len(self.chunks) - 1:
+                if c == len(self.passes) - 1:
                     self.done.set_result(None)
             else:
                 self.executors[i + 1].submit(self._chunk, i + 1, c, self.hop(buf[:rows]))

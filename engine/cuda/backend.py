@@ -38,7 +38,7 @@ import numpy as np
 
 from engine.cuda.card_thread import ThreadFactory, card_executors
 from engine.cuda.driver import CudaCard
-from engine.cuda.forward import ForwardPass, shares_bit_for_bit
+from engine.cuda.forward import ForwardPass, shares_pass
 from engine.cuda.kv_cache import download_side_rows
 from engine.cuda.pipeline import BridgeModel, PipelinedPrefill
 from engine.cuda.pipeline_speculation import PipelineRounds
@@ -248,9 +248,8 @@ class CudaBackend:
 
     def shares_prefill(self, counts: Sequence[int]) -> bool:
         """`PrefillBatcher`: can parts of these token counts share one pass, each coming out bit for bit as in a pass
-        of its own? At most `prefill_chunk` tokens in all, every part more than 8 tokens (`shares_bit_for_bit`)."""
-        return 0 < len(counts) <= self.slot_count and sum(counts) <= self.prefill_chunk and min(counts) > 0 \
-            and shares_bit_for_bit(counts)
+        of its own? At most `prefill_chunk` tokens in all, every part more than 8 tokens (`forward.shares_pass`)."""
+        return len(counts) <= self.slot_count and shares_pass(counts, self.prefill_chunk)
 
     def prefill_slots(self, parts: Mapping[int, Sequence[int]]) -> None:
         """`PrefillBatcher`: several slots' text tokens in one forward pass on every card (`shares_prefill` must allow

@@ -21,7 +21,7 @@ each a prefill chunk of its own sequence (several requests arriving together): t
 SwiGLU run once over all rows, each mixer once per run, as `run` would run it on that run alone. Where
 every run has more than MAX_GEMV_TOKENS rows, its rows come out bit for bit as its own pass leaves them
 (the GEMM and the prefill-shaped norm give a row the same bits at any row count); a shorter run would take
-the GEMV alone, hence `shares_bit_for_bit`. `run_verify` is `run` for a
+the GEMV alone, hence `shares_pass`. `run_verify` is `run` for a
 speculative verify (T <= 8 tokens through the GEMV path): logits and normed hidden rows for every
 token, the GDN states after each token kept in rings for the rollback, attention splits sized for the
 capacity so that a captured verify graph replays at any position.
@@ -82,11 +82,13 @@ class SequenceRows:
         return _rows(rows, width, self.first, self.count)
 
 
-def shares_bit_for_bit(counts: Sequence[int]) -> bool:
-    """Do runs of these token counts, in one `run_sequences` pass, each come out bit for bit as in a pass of its own?
-    One run always does; several do when each has more than MAX_GEMV_TOKENS rows, so that each takes the GEMM and
-    the prefill-shaped norm alone as well as together (a shorter one would take the GEMV alone: other sums)."""
-    return len(counts) == 1 or min(counts) > MAX_GEMV_TOKENS
+def shares_pass(counts: Sequence[int], max_tokens: int) -> bool:
+    """Can runs of these token counts share one `run_sequences` pass of at most `max_tokens` rows, each coming out bit
+    for bit as in a pass of its own? One run always does; several do when each has more than MAX_GEMV_TOKENS rows, so
+    that each takes the GEMM and the prefill-shaped norm alone as well as together (a shorter one would take the GEMV
+    alone: other sums)."""
+    return (0 < len(counts) <= MAX_GEMV_TOKENS and min(counts) > 0 and sum(counts) <= max_tokens
+            and (len(counts) == 1 or min(counts) > MAX_GEMV_TOKENS))
 
 
 Owner = DeviceSequence | SlotBatch | tuple[SequenceRows, ...]  # (or anything shaped like a DeviceSequence: mtp.HeadRows)

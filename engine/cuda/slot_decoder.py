@@ -225,7 +225,7 @@ class SlotDecoder:
         once for all), chunk j continuing slot `chunks[j][0]` from row sum(earlier chunks' tokens) of `hidden`/`out`
         (as `feed_chunk`); slot j's first pick then reads logits row j. Text chunks only, each slot once; one chunk
         is `feed_chunk`. Every slot's room is checked before anything runs. Each chunk comes out bit for bit as in a
-        pass of its own where `forward.shares_bit_for_bit` allows the chunks' sizes (the backend lets only those
+        pass of its own where `forward.shares_pass` allows the chunks' sizes (the backend lets only those
         share)."""
         if len(chunks) == 1:
             self.feed_chunk(*chunks[0], hidden, out)

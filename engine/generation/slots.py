@@ -169,6 +169,16 @@ def batches_prefill(slots: SlotBackend) -> bool:
     return all(callable(getattr(slots, name, None)) for name in ("prefill_slots", "shares_prefill"))
 
 
+def shared_pass(counts: Sequence[int], shares: Callable[[list[int]], bool]) -> list[int]:
+    """Which waiting parts (their token counts, oldest first) one prefill pass takes: the oldest, then each later one
+    that `shares` lets join those already taken (the scheduler's cut, which `rigllm bench` times too)."""
+    taken: list[int] = []
+    for i, n in enumerate(counts):
+        if not taken or shares([counts[j] for j in taken] + [n]):
+            taken.append(i)
+    return taken
+
+
 @dataclass(frozen=True)
 class SnapshotCosts:
     """Seconds a snapshot of some tokens costs, as a backend measured them: copying it out of a slot now, copying it into

@@ -13,27 +13,24 @@ from typing import Any
 
 import numpy as np
 
-from engine.cuda.forward import shares_bit_for_bit
+from engine.cuda.forward import shares_pass
 from engine.cuda.prefill_chunks import PrefillChunk
 from engine.cuda.slot_decoder import SlotDecoder
+from engine.generation.slots import shared_pass
 
 ARRIVALS = (2, 4, 8)
 PROMPT_TOKENS = 54  # the serving benchmark's prompt (engine.bench_peer.serve_streams)
 
 
 def shared_passes(lengths: list[int], chunk: int) -> list[list[tuple[int, int, int]]]:
-    """Passes of (prompt, first token, count), cut as the scheduler cuts them: each prompt's next part is what a pass
-    of its own would take (at most a chunk), and joins the pass, oldest prompt first, where it fits beside the parts
-    already in it and may share with them (`shares_bit_for_bit`)."""
+    """Passes of (prompt, first token, count), cut as the scheduler cuts them (`slots.shared_pass`): each prompt's next
+    part is what a pass of its own would take (at most a chunk), and the CUDA backend's rule (`forward.shares_pass`)
+    says which may share."""
     done = [0] * len(lengths)
     passes = []
     while any(d < n for d, n in zip(done, lengths)):
-        parts: list[tuple[int, int, int]] = []
-        for i, n in enumerate(lengths):
-            take = min(chunk, n - done[i])
-            counts = [c for _, _, c in parts] + [take]
-            if take > 0 and (not parts or (sum(counts) <= chunk and shares_bit_for_bit(counts))):
-                parts.append((i, done[i], take))
+        waiting = [(i, done[i], min(chunk, n - done[i])) for i, n in enumerate(lengths) if done[i] < n]
+        parts = [waiting[j] for j in shared_pass([take for _, _, take in waiting], lambda c: shares_pass(c, chunk))]
         for i, _, take in parts:
             done[i] += take
         passes.append(parts)
@@ -48,13 +45,14 @@ def arrival_prefill(dec: SlotDecoder, arrivals: tuple[int, ...] = ARRIVALS, prom
     rng = np.random.default_rng(prompt_tokens)
     for n in (a for a in arrivals if a <= dec.slot_count):
         prompts = [rng.integers(0, dec.config.vocab_size, prompt_tokens).astype(np.int32) for _ in range(n)]
+        passes = shared_passes([len(p) for p in prompts], dec.prefill_chunk)
 
         def alone() -> None:
             for slot, ids in enumerate(prompts):
                 dec.prefill_slot(slot, ids)
 
         def shared() -> None:
-            for parts in shared_passes([len(p) for p in prompts], dec.prefill_chunk):
+            for parts in passes:
                 dec.feed_chunks([(i, PrefillChunk(prompts[i][first:first + count])) for i, first, count in parts])
 
         times = {}
@@ -74,7 +72,7 @@ def arrival_prefill(dec: SlotDecoder, arrivals: tuple[int, ...] = ARRIVALS, prom
         for slot in range(n):
             dec.reset_slot(slot)
         out[n] = {"alone_ms": times["alone"], "shared_ms": times["shared"],
-                  "passes": len(shared_passes([prompt_tokens] * n, dec.prefill_chunk)),
+                  "passes": len(passes),
                   "speedup": times["alone"] / times["shared"]}
     return {"prompt_tokens": prompt_tokens, "arrivals": out}
 

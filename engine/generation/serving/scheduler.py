@@ -43,7 +43,7 @@ from typing import cast
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.slots import (ImagePrefill, MaskedStepLauncher, Pick, PrefillBatcher, SlotBackend, SlotRequest,
                                      StepLauncher, batches_prefill, launches_masked_steps, launches_steps,
-                                     snapshot_costs, supports_images)
+                                     shared_pass, snapshot_costs, supports_images)
 from engine.generation.tokenizer import Tokenizer
 from engine.generation.token_mask import TokenMask
 from engine.generation.serving.early_launch import UNSURE, next_feed
@@ -234,14 +234,10 @@ class Scheduler:
         when the oldest has images or the backend cannot)."""
         if not self._batches_prefill or waiting[0].job.multimodal is not None:  # type: ignore[union-attr]
             return []
-        batcher = cast(PrefillBatcher, self.backend)
-        parts: list[tuple[_Slot, list[int]]] = []
-        for slot in waiting:
-            if slot.job.multimodal is None:  # type: ignore[union-attr]
-                part = slot.pending[: self._part_limit(slot)]
-                if not parts or batcher.shares_prefill([len(p) for _, p in parts] + [len(part)]):
-                    parts.append((slot, part))
-        return parts
+        text = [(slot, slot.pending[: self._part_limit(slot)]) for slot in waiting
+                if slot.job.multimodal is None]  # type: ignore[union-attr]
+        taken = shared_pass([len(part) for _, part in text], cast(PrefillBatcher, self.backend).shares_prefill)
+        return [text[i] for i in taken]
 
     def _prefill_together(self, parts: list[tuple[_Slot, list[int]]]) -> None:
         """One pass over several slots' parts. Should the pass fail, every slot in it fails (their states may have

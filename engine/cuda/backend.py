@@ -314,7 +314,8 @@ class CudaBackend:
 
     def step(self, feeds: Mapping[int, int], masks: StepMasks | None = None) -> dict[int, Pick]:
         """The trunk cards pass their hidden rows on, one hop per boundary; the last card picks, under `masks`.
-        Over several cards a slot fed alone that speculates takes a round through every card instead."""
+        Over several cards slots that all speculate take their rounds through every card instead (one slot, or
+        several in one verify pass a card)."""
         if self.rounds is not None:
             picks = self.rounds.step(feeds, masks)
             if picks is not None:

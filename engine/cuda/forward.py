@@ -21,10 +21,12 @@ each a prefill chunk of its own sequence (several requests arriving together): t
 SwiGLU run once over all rows, each mixer once per run, as `run` would run it on that run alone. Where
 every run has more than MAX_GEMV_TOKENS rows, its rows come out bit for bit as its own pass leaves them
 (the GEMM and the prefill-shaped norm give a row the same bits at any row count); a shorter run would take
-the GEMV alone, hence `shares_pass`. `run_verify` is `run` for a
-speculative verify (T <= 8 tokens through the GEMV path): logits and normed hidden rows for every
-token, the GDN states after each token kept in rings for the rollback, attention splits sized for the
-capacity so that a captured verify graph replays at any position.
+the GEMV alone, hence `shares_pass`. `run_verify` is `run` for a speculative verify (T <= 8 tokens through the
+GEMV path): logits and normed hidden rows for every token, the GDN states after each token kept in rings for the
+rollback, attention splits sized for the capacity so that a captured verify graph replays at any position.
+`run_verifies` is several slots' verifies in one pass, shared as `run_sequences` shares prefill chunks: all rows
+through the GEMV, each run's mixers as its own verify launches them (every row count of two or more gives a GEMV
+row the same bits, so each slot's logits are its own verify's).
 
 Activations: the residual stream `h` is fp32; every matmul input is Q8_1 (quantized by the
 norm/gate/SwiGLU kernel that produces it); matmul outputs are fp32; the KV cache is fp16 or a
@@ -39,7 +41,7 @@ kernels below receive each segment's pointer and row stride separately.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,12 +72,14 @@ SWIGLU_THREADS = 256
 
 @dataclass(frozen=True)
 class SequenceRows:
-    """Rows [first, first + count) of a pass over several sequences (`run_sequences`): a prefill chunk of `seq`,
+    """Rows [first, first + count) of a pass over several sequences: a prefill chunk of `seq` (`run_sequences`), or a
+    speculative verify of it (`run_verifies`, whose GDN layers keep their states after each row in `rings`),
     continuing it at its `step`."""
 
     seq: DeviceSequence
     first: int
     count: int
+    rings: Mapping[int, GdnRing] | None = None
 
     def of(self, rows: DeviceBuffer, width: int) -> DeviceBuffer:
         """These rows of a [T][width] fp32 matrix."""
@@ -257,6 +261,34 @@ class ForwardPass:
             self._norm(_rows(self.h, d, r.first + r.count - 1, 1), self.w.output_norm, x, 1, self.w.lm_head)
             matmul(self.card, self.w.lm_head, x, self.logits_row(j), 1)
 
+    def run_verifies(self, runs: Sequence[SequenceRows], hidden: Sequence[DeviceBuffer | None]) -> None:
+        """Several slots' speculative verifies in one pass (`run_verify` for each run, the weights read once for all):
+        run j's tokens (x_n then its drafts) continue its own sequence, its GDN layers keep their states after each
+        row in its `rings`; on the card with the LM head its final-normed rows → `hidden[j]` (the slot's MTP head
+        input) and row t of the pass → `logits_row(t)`, else the rows stay in `h`. Each run comes out bit for bit as
+        its own verify: every row count up to MAX_GEMV_TOKENS takes the GEMV and the decode-shaped norm, which give
+        a row the same bits at any count of two or more, and the mixers launch on the run's rows as its own verify
+        would launch them."""
+        d = self.cfg.d_model
+        n = sum(r.count for r in runs)
+        if not 2 <= len(runs) <= n <= MAX_GEMV_TOKENS or len(hidden) != len(runs):
+            raise ValueError(f"a verify over several slots holds 2 or more runs of {MAX_GEMV_TOKENS} rows in all, with a "
+                             f"hidden buffer each, not {len(runs)} runs of {n} rows and {len(hidden)} buffers")
+        if [r.first for r in runs] != [sum(r.count for r in runs[:j]) for j in range(len(runs))] or any(
+                r.count < 2 or r.rings is None for r in runs):
+            raise ValueError("the runs must cover the rows in order, each a verify of two or more rows with its rings")
+        self._anywhere = True
+        try:
+            self._layers(n, tuple(runs), None)  # speculation runs on text positions only
+        finally:
+            self._anywhere = False
+        if not self.heads:
+            return
+        x = self.q8[d]
+        for r, out in zip(runs, hidden):  # each run's rows normed alone: the same shape, so the same bits, as together
+            self._norm(r.of(self.h, d), self.w.output_norm, x.rows(r.first, r.count), r.count, self.w.lm_head, y=out)
+        matmul(self.card, self.w.lm_head, x, self.logits, n)
+
     def _layers(self, n: int, owner: Owner, positions: DeviceBuffer | None,
                 embedded: Sequence[tuple[int, np.ndarray]] = ()) -> None:
         if self.embeds:
@@ -328,6 +360,7 @@ class ForwardPass:
                 gdn_mixer(self.card, self.gdn_dims, w, r.seq.gdn[i], inputs, r.of(self.conv_out, c.ssm_conv_dim),
                           r.of(self.gdn_y, c.ssm_d_inner), self.head_done, r.count, c.rms_eps,
                           y_q8=y.rows(r.first, r.count) if fused_q8 else None,
+                          ring=None if r.rings is None else r.rings[i],
                           prefetch=prefetch if r is owner[-1] else NO_PREFETCH)
         if not fused_q8:
             quantize_q8_1(self.card, self.gdn_y, y, n)
@@ -349,7 +382,7 @@ class ForwardPass:
             for r in owner:  # each run attends over its own cache; the partials are reused run after run
                 q_run = r.of(qg, 2 * c.q_dim)
                 splits = self._attend(r.seq, r.seq.kv[i], w, q_run, r.of(k, c.kv_dim), r.of(v, c.kv_dim), r.count,
-                                      None, layer=i)
+                                      None, layer=None if self._anywhere else i)
                 self._merge(r.count, splits, q_run, xo.rows(r.first, r.count))
         self._matmul(w.out_proj, xo, self.h, n, residual=self.h)
 

@@ -84,25 +84,36 @@ class MtpCache:
 
 class MtpHead:
     """The head's pass on the card with the LM head (the whole model on one card, the last stage on several),
-    with its input and output buffers."""
+    with its input and output buffers. Each of the `slots` slots has its own K draft logits rows and its own owed
+    rows' token ids, so that several slots' drafts can be made one after another and verified together (a sampled
+    slot's rule reads its draft rows after the verify)."""
 
-    def __init__(self, fwd: ForwardPass, weights: MtpWeights, draft_tokens: int):
+    def __init__(self, fwd: ForwardPass, weights: MtpWeights, draft_tokens: int, slots: int = 1):
         if fwd.w.lm_head is None:
             raise ValueError("the MTP head runs on the card holding the LM head")
         card, cfg = fwd.card, fwd.cfg
         self.fwd, self.w, self.card, self.cfg = fwd, weights, card, cfg
         d = cfg.d_model
-        self.max_rows = fwd.max_tokens
-        # head input rows (normed trunk rows) and the tokens after them; prefill stages up to owed + chunk rows
+        self.max_rows, self.draft_tokens = fwd.max_tokens, draft_tokens
+        # head input rows (normed trunk rows) and the tokens after them; prefill stages up to owed + chunk rows, a
+        # round a slot's owed rows' tokens at `round_ids(slot)`
         self.rows_in = card.alloc(F32 * (fwd.max_tokens + OWED_ROWS) * d, "mtp.rows_in")
-        self.ids = card.alloc(4 * (fwd.max_tokens + OWED_ROWS), "mtp.ids")
+        self.ids = card.alloc(4 * max(fwd.max_tokens + OWED_ROWS, slots * OWED_ROWS), "mtp.ids")
         self.x2 = alloc_q8_activations(card, 2 * d, fwd.max_tokens, "mtp.x2")
         self.out = card.alloc(F32 * d, "mtp.out")  # the last row's normed output: a chained draft's hidden input
-        self.logits = card.alloc(F32 * draft_tokens * cfg.vocab_size, "mtp.logits")  # [draft][V]
+        self.logits = card.alloc(F32 * slots * draft_tokens * cfg.vocab_size, "mtp.logits")  # [slot][draft][V]
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size
         return self.logits.view(F32 * row * v, F32 * v)
+
+    def draft_row(self, slot: int, draft: int) -> int:
+        """The `logits` row of the slot's draft `draft` (0-based)."""
+        return slot * self.draft_tokens + draft
+
+    def round_ids(self, slot: int, rows: int) -> DeviceBuffer:
+        """Where a round's head call reads the tokens after the slot's `rows` owed rows."""
+        return self.ids.view(4 * slot * OWED_ROWS, 4 * rows)
 
     def _norm_into(self, x: DeviceBuffer, weight: DeviceBuffer, n: int, half: int) -> None:
         """RMSNorm of n rows of width D into half `half` (0: embedding, 1: hidden) of the [n][2D] Q8_1 input."""

@@ -1,20 +1,22 @@
 """MTP speculative rounds over several cards (issue 28 item 6; the single-card round: engine.cuda.speculative).
 
-The last card holds the LM head, so the MTP head, its caches and the acceptance rule live there. A round
-for a slot fed token x_n:
+The last card holds the LM head, so the MTP head, its caches and the acceptance rule live there. Rounds for the
+slots of a step, each fed token x_n (one slot, or several that all speculate now and whose K+1 verify rows each fit
+one GEMV, as on one card):
 
-1. the last card's head drafts d_1..d_K (`CudaSpeculator.draft`) and the K ids come back to the host;
-2. every other card, in order, runs its layers of the verify over [x_n, d_1..d_K] (`SlotDecoder.verify_part`:
-   token ids on the first card, the previous card's hidden rows after it), its GDN layers keeping their
-   ring of states, and hands its K+1 hidden rows on (one hop per boundary, as a decode step's one row);
-3. the last card finishes the verify, picks the targets and applies the rule, the same greedy arg-max
-   comparison or sampled min(1, p/q) rule as on one card (`CudaSpeculator.decide`), so the output is what
-   one card would give;
-4. the accepted count j goes to every other card (`SlotDecoder.commit_verify`): a card whose GDN states ran
+1. the last card's head drafts each slot's d_1..d_K (`CudaSpeculator.draft`) and the ids come back to the host;
+2. every other card, in order, runs its layers of the verifies over each slot's [x_n, d_1..d_K], all slots in one
+   pass (`SlotDecoder.verify_part`: token ids on the first card, the previous card's hidden rows after it), its GDN
+   layers keeping each slot's ring of states, and hands its hidden rows on (one hop per boundary, as a decode
+   step's rows);
+3. the last card finishes the verifies, picks each slot's targets and applies its rule, the same greedy arg-max
+   comparison or sampled min(1, p/q) rule as on one card (`CudaSpeculator.decide`), so the output is what one
+   card would give;
+4. each slot's accepted count j goes to every other card (`SlotDecoder.commit_verify`): a card whose GDN states ran
    past d_j restores ring slot j, and every card moves the slot j+1 rows on.
 
-Only ids and hidden rows cross PCIe. The commits run on the other cards at once, and the round returns
-when all are done, so every card's host view of the slot (its position) agrees when the round returns.
+Only ids and hidden rows cross PCIe. The commits run on the other cards at once, and the rounds return
+when all are done, so every card's host view of the slots (their positions) agrees when they return.
 """
 
 from __future__ import annotations
@@ -40,32 +42,30 @@ class PipelineRounds:
         self.last = stages[-1].decoder
 
     def step(self, feeds: Mapping[int, int], masks: StepMasks | None) -> dict[int, Pick] | None:
-        """A decode step over `feeds` as a speculative round, when it feeds one slot alone that speculates now;
-        None otherwise (the caller takes a plain step)."""
-        slot = self.last.lone_slot(feeds, masks)
-        if slot is None:
+        """A decode step over `feeds` as speculative rounds of all its slots, when they may take one now; None
+        otherwise (the caller takes a plain step)."""
+        if not self.last.speculates_together(feeds, masks):
             return None
-        speculator = self.last.speculator
-        pick = Pick.of_round(speculator.stats, lambda: self.round(slot, feeds[slot]))  # type: ignore[union-attr]
-        return None if pick is None else {slot: pick}
+        emitted = self.rounds(feeds)
+        k = self.last.speculator.k  # type: ignore[union-attr]
+        return None if emitted is None else {slot: Pick.of_round(tokens, k) for slot, tokens in emitted.items()}
 
-    def round(self, slot: int, token: int) -> list[int] | None:
-        """Feed `token` to `slot` and return the tokens the round yields (accepted drafts + one); None when the
-        slot does not speculate now (nothing ran)."""
+    def rounds(self, feeds: Mapping[int, int]) -> dict[int, list[int]] | None:
+        """Feed each slot its token and return per slot the tokens its round yields (accepted drafts + one); None
+        when the slots cannot take rounds now (nothing ran)."""
         speculator = self.last.speculator
         assert speculator is not None
         last = self.executors[-1]
-        drafts = last.call(speculator.draft, slot, token)
+        drafts = last.call(speculator.draft, feeds)
         if drafts is None:
             return None
-        tokens = [token, *drafts]
+        tokens = {slot: [feeds[slot], *d] for slot, d in drafts.items()}
         hidden = None
         for ex, st in zip(self.executors[:-1], self.stages[:-1]):
-            hidden = self.hop(ex.call(st.decoder.verify_part, slot, tokens, hidden))
+            hidden = self.hop(ex.call(st.decoder.verify_part, tokens, hidden))
         emitted = last.call(speculator.decide, hidden)
-        accepted = len(emitted) - 1
-        commits = [ex.submit(st.decoder.commit_verify, slot, accepted)
-                   for ex, st in zip(self.executors[:-1], self.stages[:-1])]
+        accepted = {slot: len(run) - 1 for slot, run in emitted.items()}
+        commits = [ex.submit(st.decoder.commit_verify, accepted) for ex, st in zip(self.executors[:-1], self.stages[:-1])]
         for f in commits:
             f.result()
         return emitted

@@ -21,13 +21,13 @@ positions from a device buffer. After an image a sequence's rope positions run b
 steps always read each slot's rope position from the per-step buffer (the same bits as text
 positions when there is no shift), so the captured graphs serve both.
 
-With MTP weights a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: a step that feeds one
-slot alone, for a request that allows it, is a speculative round and may return several tokens
-(`Pick.extra`). Steps over several slots stay plain (the speculator keeps their heads fed), and so does
-every prefill chunk (`feed_chunk` runs the head over a text chunk's rows). On a single card `step` runs
-the round; over several cards the head is on the last card, every card of the backend holds its share of
-the verifies (`StageVerifier`: `verify_part`, `commit_verify`), and engine.cuda.pipeline_speculation runs
-the round across them.
+With MTP weights a `CudaSpeculator` (engine.cuda.speculative) drafts and verifies: on a single card a step
+whose slots all speculate now (requests that allow it, unmasked) and whose verify rows fit one GEMV is one
+speculative round for all of them, and may return several tokens per slot (`Pick.extra`). Other steps stay
+plain (the speculator keeps their heads fed), and so does every prefill chunk (`feed_chunk` runs the head
+over a text chunk's rows). Over several cards the head is on the last card, every card of the backend holds
+its share of the verifies (`StageVerifier`: `verify_part`, `commit_verify`), and
+engine.cuda.pipeline_speculation runs the rounds across them.
 """
 
 from __future__ import annotations
@@ -342,22 +342,20 @@ class SlotDecoder:
              hidden: np.ndarray | None = None) -> dict[int, Pick] | np.ndarray:
         """Feed each slot its token (on a later card: the previous card's `hidden` rows) and pick its next one,
         a slot in `masks` among the tokens its mask allows, all in one graph replay (on the card with the LM
-        head; a masked step in two parts, `_queue_forward` then `_queue_masked_picks`); on a speculating card a
-        slot fed alone may take a speculative round instead (never a masked one)."""
-        slot = self.lone_slot(feeds, masks)
-        if slot is not None and self.fwd.embeds:  # the whole model on this card: the round is this card's alone
-            pick = Pick.of_round(self.speculator.stats, lambda: self.speculator.round(slot, feeds[slot]))
-            if pick is not None:
-                return {slot: pick}
+        head; a masked step in two parts, `_queue_forward` then `_queue_masked_picks`); on a card with the whole
+        model whose slots all speculate, the step may be a speculative round for all of them instead (never a
+        masked one: `speculates_together`)."""
+        if self.speculates_together(feeds, masks) and self.fwd.embeds:  # the whole model on this card
+            rounds = self.speculator.rounds(feeds)
+            if rounds is not None:
+                return {slot: Pick.of_round(tokens, self.speculator.k) for slot, tokens in rounds.items()}
         return self.step_part(feeds, hidden, masks)
 
-    def lone_slot(self, feeds: Mapping[int, int], masks: StepMasks | None) -> int | None:
-        """The slot a step may turn into a speculative round: one fed alone, unmasked (a callable counts as
-        masks), on a speculating card (one whose slot asked for speculation: `CudaSpeculator.speculating`)."""
-        if not self.speculator or len(feeds) != 1 or masks:
-            return None
-        slot = next(iter(feeds))
-        return slot if self.speculator.speculating(slot) else None
+    def speculates_together(self, feeds: Mapping[int, int], masks: StepMasks | None) -> bool:
+        """May a step over `feeds` be a speculative round of all its slots: unmasked (a callable counts as masks), on
+        a speculating card, slots that may take one together (`CudaSpeculator.together`)? (The round itself may still
+        find a slot that cannot take one now: then the step is plain.)"""
+        return bool(self.speculator) and not masks and self.speculator.together(feeds)
 
     def step_part(self, feeds: Mapping[int, int], hidden: np.ndarray | None = None,
                   masks: StepMasks | None = None) -> dict[int, Pick] | np.ndarray:
@@ -374,14 +372,17 @@ class SlotDecoder:
         self.card.stream.synchronize()
         return out
 
-    def verify_part(self, slot: int, tokens: Sequence[int], hidden: np.ndarray | None) -> np.ndarray:
-        """This card's layers of a speculative verify of `tokens` for `slot` (a card without the LM head of a
-        speculating backend; `StageVerifier.verify_part`): its hidden rows, in host memory, for the next card."""
-        return self._verifier().verify_part(slot, tokens, hidden, self.hidden_out)
+    def verify_part(self, tokens: Mapping[int, Sequence[int]], hidden: np.ndarray | None) -> np.ndarray:
+        """This card's layers of speculative verifies of `tokens` (slot → x_n then its drafts; a card without the LM
+        head of a speculating backend; `StageVerifier.verify_part`): its hidden rows, in host memory, for the next
+        card."""
+        return self._verifier().verify_part(tokens, hidden, self.hidden_out)
 
-    def commit_verify(self, slot: int, accepted: int) -> None:
-        """The slot keeps its state after the verify's first `accepted` + 1 tokens (`StageVerifier.commit`)."""
-        self._verifier().commit(slot, accepted)
+    def commit_verify(self, accepted: Mapping[int, int]) -> None:
+        """Each slot keeps its state after its verify's first `accepted[slot]` + 1 tokens (`StageVerifier.commit`)."""
+        verifier = self._verifier()
+        for slot, count in accepted.items():
+            verifier.commit(slot, count)
 
     def _verifier(self) -> StageVerifier:
         if self.verifier is None:
@@ -394,8 +395,8 @@ class SlotDecoder:
         before this returns, once the step's forward pass is queued (`_queue_masked_picks`). Until then the host
         may queue other work (prefill chunks, a request's first pick: they run after the step on the card's
         stream) but no other step. False, with nothing queued, when the step must be taken whole with `step`: a
-        slot fed alone that speculates, or `_taken_whole`."""
-        if self._taken_whole(feeds) or self.lone_slot(feeds, masks) is not None:
+        speculative round (`speculates_together`), or `_taken_whole`."""
+        if self._taken_whole(feeds) or self.speculates_together(feeds, masks):
             return False
         self._queue_picks(self._queue_step(feeds, None, masks), feeds)
         return True

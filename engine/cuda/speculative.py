@@ -20,27 +20,33 @@ Acceptance, on the card either way (only token ids cross PCIe):
   under the request's whole filter chain (penalties, top-k, top-p, min-p).
 Greedy requests with penalties decode plainly: the GPU sampler turns them into an arg-max of the penalised
 scores, a point mass the rule's kernels do not take.
-On a single card each round (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
+On a single card a round for one slot (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
+A step that feeds several slots which all speculate now, with K+1 verify rows each fitting one GEMV (at most
+MAX_GEMV_TOKENS rows in all: 4 slots at K=1, 2 at K=2), is one round for all of them (`rounds`): each slot's head
+drafts (its draft graph, keyed as a pipeline round's), then one verify pass runs every slot's rows
+(`ForwardPass.run_verifies`: the weights read once) and each slot's own rule, greedy or sampled, over its own
+rows (one graph per set of slots and modes); each slot's rows come out bit for bit as in a round of its own.
 Over several cards (engine.cuda.pipeline_speculation) the speculator sits on the last card, which has the
 LM head: `draft` runs the head and returns the K drafts, every card runs its layers of the verify
 (engine.cuda.stage_verify), and `decide` finishes it and applies the rule; the accepted count goes back
 to the other cards, whose rings roll their own layers back.
 
-Only a step that feeds one slot alone speculates; a plain step (several slots batched, or a request that
-does not speculate) keeps every in-step head fed: its normed rows become owed rows, and a head owing
+A step whose slots cannot all take a round now (one does not speculate, or is masked, or their rows exceed one
+GEMV) is plain, for all of them; a plain step keeps every in-step head fed: its normed rows become owed rows, and a head owing
 OWED_ROWS rows runs them (`stepped`). A restored snapshot holds no head cache, so that slot leaves
 speculation until it is reset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
 from engine.cuda.driver import DeviceBuffer
-from engine.cuda.forward import ForwardPass
+from engine.cuda.forward import ForwardPass, SequenceRows
 from engine.cuda.gdn import GdnRing
+from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.mtp import OWED_ROWS, MtpCache, MtpHead
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
@@ -77,21 +83,25 @@ class CudaSpeculator:
             raise ValueError("speculation needs the card with the LM head and the samplers")
         self.fwd, self.card, self.seqs, self.samplers, self.k = fwd, fwd.card, seqs, samplers, draft_tokens
         self.verifier = verifier
-        cfg = fwd.cfg
-        self.head = MtpHead(fwd, weights, draft_tokens)
+        cfg, slots = fwd.cfg, len(seqs)
+        self.head = MtpHead(fwd, weights, draft_tokens, slots)
         self.caches = [MtpCache(self.card, cfg.d_model, cfg.n_head_kv, cfg.head_dim, weights.index, seq.capacity,
                                 fwd.kv, draft_tokens, f"slot{s}.mtp") for s, seq in enumerate(seqs)]
-        self.picks = self.card.alloc(4 * (2 * draft_tokens + 1), "mtp.picks")  # drafts d_1..d_K, then targets t_0..t_K
-        self.rule = GpuSpeculativeRule(self.card, cfg.vocab_size, samplers[0].parts, draft_tokens)
-        self._host_picks = self.card.pinned(2 * draft_tokens + 1, np.int32)
-        # a round's per-step values, copied asynchronously: trunk [pos, n] | head [call][pos, n] | head ids | trunk id
-        self._host_round = self.card.pinned(2 + 2 * draft_tokens + OWED_ROWS + 1, np.int32)
+        width = 2 * draft_tokens + 1
+        self.picks = self.card.alloc(4 * slots * width, "mtp.picks")  # [slot]: drafts d_1..d_K, then targets t_0..t_K
+        sink = self.card.alloc(4 * cfg.vocab_size, "mtp.rule.draft_counts")  # the sampled drafts' draws; never read
+        self.rules = [GpuSpeculativeRule(self.card, cfg.vocab_size, samplers[0].parts, draft_tokens, f"slot{s}.mtp.rule",
+                                         sink) for s in range(slots)]
+        self._host_picks = self.card.pinned((slots, width), np.int32)
+        # [slot] a round's per-step values, copied asynchronously: trunk [pos, n] | head [call][pos, n] | head ids |
+        # trunk id
+        self._host_round = self.card.pinned((slots, 2 + 2 * draft_tokens + OWED_ROWS + 1), np.int32)
         # per slot, a plain step's head call: [pos, n] then its tokens, copied asynchronously (`stepped` queues its
         # work behind a launched step without waiting for it); a slot's row is rewritten only after that step ended
         self._host_owed = self.card.pinned((len(seqs), 2 + OWED_ROWS + 1), np.int32)
         self.stats = SpeculationStats()
         self._requests: dict[int, bool] = {}  # slot → greedy (the arg-max rounds) or sampled (the card's rule)
-        self._drafted: tuple[int, int] | None = None  # (slot, owed rows) of a pipeline round between draft and decide
+        self._drafted: dict[int, int] | None = None  # slot → owed rows of pipeline rounds between draft and decide
         self.graphs = verifier.graphs  # one bounded set of speculation graphs per card (engine.cuda.graph_runs)
 
     @property
@@ -122,6 +132,12 @@ class CudaSpeculator:
 
     def speculating(self, slot: int) -> bool:
         return slot in self._requests
+
+    def together(self, slots: Collection[int]) -> bool:
+        """May these slots take one round together: each one's request speculates, and their K+1 verify rows each
+        fit one GEMV? (A slot may still find no room for its round now: `rounds` then runs none.)"""
+        return 0 < len(slots) and len(slots) * (self.k + 1) <= MAX_GEMV_TOKENS and all(
+            slot in self._requests for slot in slots)
 
     def prefilled(self, runs: Sequence[tuple[int, np.ndarray]]) -> None:
         """After the trunk's pass over prefill chunks (one sequence's, or several one after another: run j's `ids`
@@ -197,67 +213,108 @@ class CudaSpeculator:
             return None
         return c.owed_rows
 
-    def round(self, slot: int, token: int) -> list[int] | None:
-        """Feed `token` and return the tokens it yields (accepted drafts + one), all but the last consumed by the
-        slot's trunk; None when this slot does not speculate now (the caller takes a plain step). The whole
-        model is on this card: the round is one graph."""
-        r = self._owed_rows(slot)
-        if r is None:
+    def rounds(self, feeds: Mapping[int, int]) -> dict[int, list[int]] | None:
+        """Feed each slot its token and return, per slot, the tokens its round yields (accepted drafts + one), all but
+        the last consumed by the slot's trunk; None, with nothing run, when any of them does not speculate now or
+        their verify rows exceed one GEMV (the caller takes a plain step). The whole model is on this card: one
+        slot's round is one graph; several slots' are each one's draft graph, then one graph of the shared verify
+        and every slot's rule."""
+        owed = self._start_rounds(feeds)
+        if owed is None:
             return None
-        greedy = self._requests[slot]
-        self._upload_round(slot, r, token)
-        self.graphs.run(("round", greedy, slot, r), lambda: self._round_work(slot, r, greedy))
-        return self._finish(slot, r, greedy)
+        slots = sorted(owed)
+        if len(slots) == 1:
+            slot, r = slots[0], owed[slots[0]]
+            greedy = self._requests[slot]
+            self.graphs.run(("round", greedy, slot, r), lambda: self._round_work(slot, r, greedy))
+        else:
+            for slot in slots:
+                self._draft(slot, owed[slot])
+            modes = tuple(self._requests[slot] for slot in slots)
+            self.graphs.run(("verify", tuple(slots), modes), lambda: self._verify_work(slots, modes))
+        return self._finish(owed)
 
-    def draft(self, slot: int, token: int) -> list[int] | None:
-        """A round over several cards, part 1 (this card has the LM head, not the whole trunk): the head drafts
-        the K tokens after `token`, returned (-1 for a draft the request's filters left no token for); None when
-        the slot does not speculate now. The cards then verify [token, drafts] and `decide` ends the round."""
-        r = self._owed_rows(slot)
-        if r is None:
+    def draft(self, feeds: Mapping[int, int]) -> dict[int, list[int]] | None:
+        """Rounds over several cards, part 1 (this card has the LM head, not the whole trunk): each slot's head drafts
+        the K tokens after its token, returned per slot (-1 for a draft the request's filters left no token for);
+        None, with nothing run, where `rounds` would be. The cards then verify each slot's [token, drafts], all
+        slots in one pass, and `decide` ends the rounds."""
+        owed = self._start_rounds(feeds)
+        if owed is None:
             return None
-        greedy = self._requests[slot]
-        self._upload_round(slot, r, token)
-        self.graphs.run(("draft", greedy, slot, r), lambda: self._draft_work(slot, r, greedy))
-        drafts = self.picks.view(0, 4 * self.k) if greedy else self.rule.drafts
-        drafts.download_async(self._host_picks[: self.k])
+        for slot, r in owed.items():
+            self._draft(slot, r)
+            self._drafts(slot, self._requests[slot]).download_async(self._host_picks[slot, : self.k])
         self.card.stream.synchronize()
-        self._drafted = (slot, r)
-        return [int(d) for d in self._host_picks[: self.k]]
+        self._drafted = owed
+        return {slot: [int(d) for d in self._host_picks[slot, : self.k]] for slot in owed}
 
-    def decide(self, hidden: np.ndarray) -> list[int]:
-        """A round over several cards, part 2: the drafted slot's verify through this card's layers from the
-        previous card's `hidden` rows, the targets and the acceptance rule; the emitted tokens (accepted drafts
-        + one). This card's state is committed; the other cards commit the accepted count (len - 1)."""
+    def decide(self, hidden: np.ndarray) -> dict[int, list[int]]:
+        """Rounds over several cards, part 2: the drafted slots' verify through this card's layers from the previous
+        card's `hidden` rows (each slot's K+1 rows in slot order), the targets and the acceptance rule; per slot the
+        emitted tokens (accepted drafts + one). This card's state is committed; the other cards commit the accepted
+        counts (len - 1)."""
         if self._drafted is None:
             raise RuntimeError("decide follows a draft")
-        (slot, r), self._drafted = self._drafted, None
-        greedy = self._requests[slot]
+        owed, self._drafted = self._drafted, None
+        slots = sorted(owed)
+        modes = tuple(self._requests[slot] for slot in slots)
         self.fwd.h.view(0, hidden.nbytes).upload_async(hidden)
-        self.graphs.run(("decide", greedy, slot), lambda: self._decide_work(slot, greedy))
-        return self._finish(slot, r, greedy)
-
-    def _finish(self, slot: int, r: int, greedy: bool) -> list[int]:
-        """Read the round's outcome (waits for it), commit this card's state and count it."""
-        if greedy:
-            self.picks.download_async(self._host_picks)
-            self.card.stream.synchronize()
-            drafts = [int(t) for t in self._host_picks[: self.k]]
-            emitted = greedy_accept(drafts, self._host_picks[self.k :])
+        if len(slots) == 1:
+            self.graphs.run(("decide", modes[0], slots[0]), lambda: self._decide_work(slots[0], modes[0]))
         else:
-            drafts, emitted = self.rule.read()
-        accepted = len(emitted) - 1
-        self.verifier.commit(slot, accepted)
-        c = self.caches[slot]
-        c.position += r
-        c.owed_rows, c.owed_tokens = accepted + 1, drafts[:accepted]
-        self.stats.add(self.k, accepted, len(emitted))
-        return emitted
+            self.graphs.run(("verify", tuple(slots), modes), lambda: self._verify_work(slots, modes))
+        return self._finish(owed)
 
-    def _upload_round(self, slot: int, r: int, token: int) -> None:
-        """Stream-ordered copies of the round's per-step values from pinned memory (the round ends in a
-        synchronize, so the host array is free again before the next round writes it)."""
-        vals, c, k = self._host_round, self.caches[slot], self.k
+    def _start_rounds(self, feeds: Mapping[int, int]) -> dict[int, int] | None:
+        """Each fed slot's owed rows, with its round's values uploaded (its token to verify rows of its place in slot
+        order); None, with nothing uploaded, when a slot does not speculate now or the slots' verify rows exceed
+        one GEMV."""
+        if not self.together(feeds):
+            return None
+        slots = sorted(feeds)
+        owed: dict[int, int] = {}
+        for slot in slots:
+            r = self._owed_rows(slot)
+            if r is None:
+                return None
+            owed[slot] = r
+        for row, slot in enumerate(slots):
+            self._upload_round(slot, owed[slot], feeds[slot], row)
+        return owed
+
+    def _finish(self, owed: Mapping[int, int]) -> dict[int, list[int]]:
+        """Read the outcome of the round of each slot in `owed` (→ its owed rows; waits for them all), commit this
+        card's state and count them."""
+        greedy = {slot: self._requests[slot] for slot in owed}
+        if any(greedy.values()):
+            self.picks.download_async(self._host_picks)
+        for slot in owed:
+            if not greedy[slot]:
+                self.rules[slot].queue_read()
+        self.card.stream.synchronize()
+        emitted_by_slot = {}
+        for slot, r in owed.items():
+            if greedy[slot]:
+                picks = self._host_picks[slot]
+                drafts = [int(t) for t in picks[: self.k]]
+                emitted = greedy_accept(drafts, picks[self.k :])
+            else:
+                drafts, emitted = self.rules[slot].result()
+            accepted = len(emitted) - 1
+            self.verifier.commit(slot, accepted)
+            c = self.caches[slot]
+            c.position += r
+            c.owed_rows, c.owed_tokens = accepted + 1, drafts[:accepted]
+            self.stats.add(self.k, accepted, len(emitted))
+            emitted_by_slot[slot] = emitted
+        return emitted_by_slot
+
+    def _upload_round(self, slot: int, r: int, token: int, row: int) -> None:
+        """Stream-ordered copies of the slot's per-step values for a round from pinned memory (the round ends in a
+        synchronize, so the host array is free again before the next round writes it); its token goes to trunk
+        row `row` * (K+1), the first of its verify rows."""
+        vals, c, k = self._host_round[slot], self.caches[slot], self.k
         vals[0:2] = (self.seqs[slot].next_position, k + 1)
         vals[2 : 2 + 2 * k] = c.step_values(r)
         ids = vals[2 + 2 * k : 2 + 2 * k + r + 1]
@@ -265,41 +322,74 @@ class CudaSpeculator:
         ids[r] = token
         self.seqs[slot].step.upload_async(vals[0:2])
         c.steps.upload_async(vals[2 : 2 + 2 * k])
-        self.head.ids.view(0, 4 * r).upload_async(ids[:r])
-        self.fwd.ids.view(0, 4).upload_async(ids[r:])
+        self.head.round_ids(slot, r).upload_async(ids[:r])
+        self.fwd.ids.view(4 * row * (k + 1), 4).upload_async(ids[r:])
 
-    def _pick(self, i: int) -> DeviceBuffer:
-        return self.picks.view(4 * i, 4)
+    def picks_of(self, slot: int) -> DeviceBuffer:
+        """The slot's greedy round's ids on the card: drafts d_1..d_K, then targets t_0..t_K."""
+        width = 2 * self.k + 1
+        return self.picks.view(4 * slot * width, 4 * width)
+
+    def _pick(self, slot: int, i: int) -> DeviceBuffer:
+        return self.picks_of(slot).view(4 * i, 4)
+
+    def _drafts(self, slot: int, greedy: bool) -> DeviceBuffer:
+        """Where the slot's round left its K drafts: the arg-maxes of a greedy round, the rule's draws of a sampled one."""
+        return self.picks_of(slot).view(0, 4 * self.k) if greedy else self.rules[slot].drafts
+
+    def _draft(self, slot: int, r: int) -> None:
+        """The slot's drafts, from its draft graph (per mode and owed-row count)."""
+        greedy = self._requests[slot]
+        self.graphs.run(("draft", greedy, slot, r), lambda: self._draft_work(slot, r, greedy))
 
     def _round_work(self, slot: int, r: int, greedy: bool) -> None:
         """The device work of a round on the card with the whole model (captured as one graph): the drafts, fed
         to the verify on the card, the verify, the targets and the rule."""
         self._draft_work(slot, r, greedy)
         # a failed sampled draft (-1) embeds as NaN past its row: no accepted token reads it
-        self.fwd.ids.view(4, 4 * self.k).copy_from(self.picks.view(0, 4 * self.k) if greedy else self.rule.drafts)
+        self.fwd.ids.view(4, 4 * self.k).copy_from(self._drafts(slot, greedy))
         self._decide_work(slot, greedy)
 
     def _draft_work(self, slot: int, r: int, greedy: bool) -> None:
-        """The head's call over the r owed rows and its chained calls: greedy drafts are arg-maxes into `picks`,
-        sampled ones are drawn from the head's rows by the rule (into `rule.drafts`)."""
-        c, head, sampler, k, rule = self.caches[slot], self.head, self.samplers[slot], self.k, self.rule
-        head.forward(r, c.rows(0), c.owed, head.ids, 0)
+        """The head's call over the r owed rows and its chained calls, into the slot's own logits rows: greedy drafts
+        are arg-maxes into its `picks`, sampled ones are drawn from the head's rows by its rule (into its drafts)."""
+        c, head, sampler, k, rule = self.caches[slot], self.head, self.samplers[slot], self.k, self.rules[slot]
+        head.forward(r, c.rows(0), c.owed, head.round_ids(slot, r), head.draft_row(slot, 0))
         for i in range(k):
+            row = head.draft_row(slot, i)
             if i:
-                head.forward(1, c.rows(i), head.out, self._pick(i - 1) if greedy else rule.draft_id(i - 1), i)
+                head.forward(1, c.rows(i), head.out, self._pick(slot, i - 1) if greedy else rule.draft_id(i - 1), row)
             if greedy:
-                sampler.argmax(head.logits_row(i), token=self._pick(i))
+                sampler.argmax(head.logits_row(row), token=self._pick(slot, i))
             else:
-                rule.draft(sampler, i, head.logits_row(i))
+                rule.draft(sampler, i, head.logits_row(row))
 
     def _decide_work(self, slot: int, greedy: bool) -> None:
-        """The verify through this card's layers (the head is owed its rows) and the targets: arg-maxes into
-        `picks` after the drafts, or the rule over the head's rows and the verify's."""
-        c, sampler, k = self.caches[slot], self.samplers[slot], self.k
+        """The slot's verify through this card's layers (the head is owed its rows), then its targets."""
+        c, k = self.caches[slot], self.k
         self.fwd.run_verify(k + 1, self.seqs[slot], self.rings[slot], c.owed)
-        targets = [self.fwd.logits_row(t) for t in range(k + 1)]
+        self._targets(slot, greedy, 0)
+
+    def _verify_work(self, slots: Sequence[int], modes: Sequence[bool]) -> None:
+        """Several slots' verifies in one pass through this card's layers (captured as one graph per set of slots and
+        modes): with the whole model here, each slot's drafts after its token in its K+1 trunk rows first (a later
+        card of several starts from the hidden rows in `h`); the pass; each slot's targets."""
+        width, runs = self.k + 1, []
+        for j, slot in enumerate(slots):
+            if self.fwd.embeds:  # a failed sampled draft (-1) embeds as NaN past its row: no accepted token reads it
+                self.fwd.ids.view(4 * (j * width + 1), 4 * self.k).copy_from(self._drafts(slot, modes[j]))
+            runs.append(SequenceRows(self.seqs[slot], j * width, width, self.rings[slot]))
+        self.fwd.run_verifies(runs, [self.caches[slot].owed for slot in slots])
+        for j, slot in enumerate(slots):
+            self._targets(slot, modes[j], j * width)
+
+    def _targets(self, slot: int, greedy: bool, first: int) -> None:
+        """The slot's targets from its verify's logits rows `first`.. `first` + K: arg-maxes into its `picks` after
+        the drafts, or its rule over its draft rows and those."""
+        k, sampler, head = self.k, self.samplers[slot], self.head
+        targets = [self.fwd.logits_row(first + t) for t in range(k + 1)]
         if greedy:
             for t, row in enumerate(targets):
-                sampler.argmax(row, token=self._pick(k + t))
+                sampler.argmax(row, token=self._pick(slot, k + t))
         else:
-            self.rule.decide(sampler, [self.head.logits_row(i) for i in range(k)], targets)
+            self.rules[slot].decide(sampler, [head.logits_row(head.draft_row(slot, i)) for i in range(k)], targets)

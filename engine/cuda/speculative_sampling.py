@@ -31,17 +31,18 @@ ROUND_INTS = 4  # struct SpecRound: state, row, n_emitted, reserved
 
 
 class GpuSpeculativeRule:
-    """The buffers and launches of sampled speculative rounds with K drafts, shared by the slots of one card
-    (rounds run one at a time on the card's stream; the request's parameters, counter and counts are the
-    slot sampler's)."""
+    """The buffers and launches of one slot's sampled speculative rounds with K drafts (the request's parameters,
+    counter and counts are the slot sampler's). `sink`, where draft draws count and nothing reads, may be shared
+    by the slots of a card (their rounds run on the card's stream)."""
 
-    def __init__(self, card: CudaCard, vocab: int, parts: int, k: int, label: str = "mtp.rule"):
+    def __init__(self, card: CudaCard, vocab: int, parts: int, k: int, label: str = "mtp.rule",
+                 sink: DeviceBuffer | None = None):
         self.card, self.vocab, self.parts, self.k = card, vocab, parts, k
         self.draft_rows = [alloc_support(card, parts, f"{label}.draft{i}") for i in range(k)]
         self.target_rows = [alloc_support(card, parts, f"{label}.target{t}") for t in range(k + 1)]
         self.dists = card.alloc(ROW_DIST_BYTES * (2 * k + 1), f"{label}.dists")  # drafts, then targets
         self.residual = card.alloc(PARTIAL_BYTES * parts, f"{label}.residual")
-        self.sink = card.alloc(4 * vocab, f"{label}.draft_counts")  # draft draws count here; never read
+        self.sink = card.alloc(4 * vocab, f"{label}.draft_counts") if sink is None else sink  # never read
         self.failed = card.alloc(4 * (k + 1), f"{label}.failed")  # where a failed target row's -1 goes
         # drafts d_1..d_K | emitted [K+1] (-1 past the round's count) | SpecRound
         self.out = card.alloc(4 * (k + k + 1 + ROUND_INTS), f"{label}.out")
@@ -96,8 +97,16 @@ class GpuSpeculativeRule:
 
     def read(self) -> tuple[list[int], list[int]]:
         """(drafts, emitted) of the last round, after the work queued before (waits for it)."""
-        self.out.download_async(self._host)
+        self.queue_read()
         self.card.stream.synchronize()
+        return self.result()
+
+    def queue_read(self) -> None:
+        """Queue the copy of the last round's outcome (`result` reads it once the stream is synchronized)."""
+        self.out.download_async(self._host)
+
+    def result(self) -> tuple[list[int], list[int]]:
+        """(drafts, emitted) of the round whose outcome `queue_read` copied, after a synchronize."""
         k = self.k
         n = int(self._host[2 * k + 1 + 2])
         if not 1 <= n <= k + 1:

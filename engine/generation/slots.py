@@ -83,12 +83,9 @@ class Pick:
         return (self.token,) + self.extra
 
     @classmethod
-    def of_round(cls, stats: SpeculationStats, run_round: Callable[[], list[int] | None]) -> Pick | None:
-        """A speculative round as one step's pick (None when the slot took no round): its tokens, and the
-        drafts it verified as the round added them to `stats`."""
-        drafted = stats.drafted
-        run = run_round()
-        return None if run is None else cls(run[0], None, tuple(run[1:]), stats.drafted - drafted)
+    def of_round(cls, tokens: Sequence[int], drafted: int) -> Pick:
+        """A speculative round's tokens (accepted drafts + one) as one step's pick, with the drafts it verified."""
+        return cls(tokens[0], None, tuple(tokens[1:]), drafted)
 
 
 @dataclass(frozen=True)
@@ -350,11 +347,10 @@ class HostSlots:
         for slot, token in feeds.items():
             s = self._slots[slot]
             s.history.append(token)
-            pick = (Pick.of_round(self.speculator.stats, lambda s=s, token=token: self._speculate(s, token))
-                    if s.speculate else None)
-            if pick is not None:
+            run = self._speculate(s, token) if s.speculate else None
+            if run is not None:
                 s.logits = None  # the round picked from its own rows
-                picks[slot] = pick
+                picks[slot] = Pick.of_round(run, self.speculator.k)  # type: ignore[union-attr]  # _speculate asserts it
                 continue
             s.logits = self._forward(s, [token])
             picks[slot] = self._pick(s, masks.get(slot))

@@ -116,6 +116,12 @@ def logits_bytes(cfg: ModelConfig, n_seqs: int) -> int:
     return 2 * n_seqs * cfg.vocab_size * FP32_BYTES
 
 
+def draft_logits_bytes(cfg: ModelConfig, n_seqs: int, draft_tokens: int) -> int:
+    """The MTP head's fp32 draft logits rows, K per sequence: each slot keeps its own until its round's rule has read
+    them (several slots draft one after another, then verify together: engine.cuda.speculative)."""
+    return n_seqs * draft_tokens * cfg.vocab_size * FP32_BYTES
+
+
 def resolve_kv_format(kv: KVFormat | str | None, k_bits: int | None, v_bits: int | None) -> KVFormat:
     """`kv` (a format, a name, or None = f16) with its K and/or V side replaced by `k_bits` / `v_bits`."""
     base = kv_format_of(kv)
@@ -144,7 +150,8 @@ def plan(
     """The balanced plan of `fp` over `cards`; raises RigllmError if it cannot fit.
 
     `with_mtp` adds the MTP block (weights and KV); `verify_states` the speculative verify's rollback states,
-    extra GDN states per sequence and layer (the CUDA backend keeps its draft count: engine.cuda.gdn.GdnRing).
+    extra GDN states per sequence and layer (the CUDA backend keeps its draft count: engine.cuda.gdn.GdnRing), and
+    as many draft logits rows per sequence.
 
     The KV format is `kv` (default f16) with the K and V sides optionally chosen by bits (16, 8, 4, 3):
     `plan(fp, cards, 262144, k_bits=3, v_bits=3)` is the k3v3 plan. A vision tower in the footprint
@@ -193,6 +200,8 @@ def plan(
                 w, c, s = layer_parts(block)
                 weights, kv_bytes, state = weights + w, kv_bytes + c, state + s
             extra_scratch += logits_bytes(cfg, n_seqs)
+            if with_mtp:
+                extra_scratch += draft_logits_bytes(cfg, n_seqs, verify_states)
         return weights, kv_bytes, state, extra_scratch
 
     layer_cost = [sum(layer_parts(i)) for i in range(cfg.n_layers)]

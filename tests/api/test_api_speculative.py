@@ -8,19 +8,15 @@ The model is the demo's vocabulary and template on `write_draft_friendly_model` 
 
 from __future__ import annotations
 
-import dataclasses
-
 import openai
 import pytest
 
 from api_fixtures import live_server
 from engine.backends import open_backend
-from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.slots import HostSlots
-from engine.fixtures.speculative_fixture import write_draft_friendly_model
-from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
 from engine.gguf.loader import load_model
 from engine.generation.serving.worker import DEFAULT_SLOTS
+from tests.draft_friendly import write_demo_draft_friendly
 
 OFF = {"speculative": False}
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -28,10 +24,7 @@ NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    cfg = dataclasses.replace(DEMO_CONFIG, n_mtp=1, tied_embeddings=False, is_recurrent=())
-    vocab = demo_vocab(FALLBACK_TEMPLATE_PATH.read_text(encoding="utf-8"))
-    path = write_draft_friendly_model(tmp_path_factory.mktemp("mtp") / "mtp-demo.gguf", cfg, vocab, seed=3, mix=0.15)
-    return load_model(path)
+    return load_model(write_demo_draft_friendly(tmp_path_factory.mktemp("mtp") / "mtp-demo.gguf"))
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,11 @@ import pytest
 
 from engine.cuda.backend import CudaBackend
 from engine.cuda.bench.mtp_bench import fixture_acceptance
-from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
-from engine.fixtures.speculative_fixture import write_draft_friendly_model
-from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
 from engine.gguf.loader import load_model
 from tests.chi_square import same_distribution
+from tests.draft_friendly import write_demo_draft_friendly
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
 GREEDY = SamplingParams(temperature=0.0)
@@ -77,9 +75,7 @@ def test_the_gdn_ring_holds_the_state_after_each_verify_token(card, rng, n_tok):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    cfg = dataclasses.replace(DEMO_CONFIG, n_mtp=1, tied_embeddings=False, is_recurrent=())
-    vocab = demo_vocab(FALLBACK_TEMPLATE_PATH.read_text(encoding="utf-8"))
-    friendly = write_draft_friendly_model(tmp_path_factory.mktemp("mtp") / "friendly.gguf", cfg, vocab, seed=3, mix=0.15)
+    friendly = write_demo_draft_friendly(tmp_path_factory.mktemp("mtp") / "friendly.gguf")
     return {"friendly": load_model(friendly), "fixture": load_model(FIXTURE)}
 
 
@@ -252,9 +248,10 @@ def test_the_head_drafts_like_the_reference_head(models):
 
 
 def test_plain_batched_steps_keep_the_head_in_step(models):
-    """Slot 0 takes its continuation as plain steps batched with slot 1 (more than OWED_ROWS of them, so the
-    owed rows are flushed through the head once); slot 2 prefills the same tokens at once. Their next drafts
-    must agree (the two trunks differ only by GEMV against GEMM rounding), and slot 0 then speculates."""
+    """Slot 0 takes its continuation as plain steps batched with slot 1, whose request does not speculate (more than
+    OWED_ROWS of them, so the owed rows are flushed through the head once); slot 2 prefills the same tokens at once.
+    Their next drafts must agree (the two trunks differ only by GEMV against GEMM rounding), and slot 0 then
+    speculates."""
     loaded = models["friendly"]
     prompt, v = prompt_of(loaded), loaded.config.vocab_size
     continuation = np.random.default_rng(9).integers(0, v, 11).tolist()
@@ -264,7 +261,7 @@ def test_plain_batched_steps_keep_the_head_in_step(models):
         spec = dec.speculator
         for slot in (0, 1):
             dec.prefill_slot(slot, prompt)
-            dec.begin(slot, SlotRequest(GREEDY, prompt))
+            dec.begin(slot, SlotRequest(GREEDY, prompt, speculative=slot == 0))
         for t in continuation:
             dec.step({0: t, 1: t})
         dec.prefill_slot(2, prompt + continuation)

@@ -200,3 +200,24 @@ class FakeCard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def address(buf: FakeBuffer) -> int:
+    """Where a buffer's (or view's) bytes start in host memory."""
+    return buf.data.__array_interface__["data"][0]
+
+
+def owners_touched(owned: dict[int, list[FakeBuffer]], args: tuple[Any, ...]) -> set[int]:
+    """The keys of `owned` (e.g. slots → their state buffers) whose buffers a launch's arguments point into."""
+    def span(buf: FakeBuffer) -> tuple[int, int]:
+        return address(buf), address(buf) + buf.nbytes
+
+    touched = set()
+    for key, buffers in owned.items():
+        spans = [span(b) for b in buffers]
+        for arg in args:
+            if isinstance(arg, FakeBuffer):
+                a, b = span(arg)
+                if any(a < end and start < b for start, end in spans):
+                    touched.add(key)
+    return touched

@@ -15,7 +15,7 @@ import pytest
 
 from engine.cuda.attention_kernels import MAX_PREFILL_SPLITS, decode_splits
 from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_gdn_ring, gdn_mixer
-from engine.cuda.bench.mtp_bench import run_mtp_bench, tokens_per_round
+from engine.cuda.bench.mtp_bench import render_mtp, run_mtp_bench, tokens_per_round
 from engine.cuda.sequence import GdnState
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.speculative import greedy_accept
@@ -159,7 +159,7 @@ def test_sampled_rounds_run_the_rule_on_the_card(fixture, k):
     assert spec.speculating(1)
     drafts = list(range(30, 30 + k))
     card.launches.clear()
-    spec.rule.out.upload(np.asarray(drafts + drafts + [40] + [3, k, k + 1, 0], np.int32))  # all accepted + bonus
+    spec.rules[1].out.upload(np.asarray(drafts + drafts + [40] + [3, k, k + 1, 0], np.int32))  # all accepted + bonus
     pick = dec.step({1: 9})[1]
     assert pick.tokens == (*drafts, 40) and pick.drafted == k
     names = [name for name, *_ in card.launches]
@@ -168,7 +168,7 @@ def test_sampled_rounds_run_the_rule_on_the_card(fixture, k):
     assert names.count("token_counts_add") == 2 * (k - 1) + 2 * k + 1  # drafts before later rows, the emitted
     assert not any(name.startswith("argmax") for name in names)
     assert seq.next_position == 3 + k + 1
-    spec.rule.out.upload(np.asarray(drafts + [50] + [-1] * k + [3, 0, 1, 0], np.int32))  # d_1 rejected: residual
+    spec.rules[1].out.upload(np.asarray(drafts + [50] + [-1] * k + [3, 0, 1, 0], np.int32))  # d_1 rejected: residual
     pick = dec.step({1: 40})[1]
     assert pick.tokens == (50,) and pick.drafted == k
     assert seq.next_position == 3 + k + 2 and spec.stats.accepted == k and spec.stats.rounds == 2
@@ -177,11 +177,11 @@ def test_sampled_rounds_run_the_rule_on_the_card(fixture, k):
 def test_plain_steps_keep_the_heads_fed_and_snapshots_leave_speculation(fixture):
     _, dec = decoder(fixture, 1)
     spec = dec.speculator
-    for slot in (0, 1):
+    for slot in (0, 1):  # slot 1's request does not speculate, so steps over both are plain
         dec.prefill_slot(slot, [1, 2, 3])
-        dec.begin(slot, SlotRequest(GREEDY, [1, 2, 3]))
+        dec.begin(slot, SlotRequest(GREEDY, [1, 2, 3], speculative=slot == 0))
     cache = spec.caches[0]
-    for _ in range(10):  # several slots: plain batched steps; each owes the head a row, the 8th flushes 8 rows
+    for _ in range(10):  # plain batched steps: each owes the head a row, the 8th flushes 8 rows
         assert all(p.extra == () for p in dec.step({0: 5, 1: 6}).values())
     assert (cache.position, cache.owed_rows, cache.owed_tokens) == (10, 3, [5, 5])
     assert cache.position + cache.owed_rows == dec.seqs[0].next_position == 13
@@ -217,7 +217,7 @@ def test_no_round_past_the_context(fixture):
 def test_bench_driver_runs_and_projects(fixture, monkeypatch):
     assert tokens_per_round(0.5, 1) == 1.5 and tokens_per_round(0.5, 2) == 1.75
     # the stand-in runs no kernels: its sampled rounds report a rejected first draft
-    monkeypatch.setattr(GpuSpeculativeRule, "read", lambda self: ([7] * self.k, [9]))
+    monkeypatch.setattr(GpuSpeculativeRule, "result", lambda self: ([7] * self.k, [9]))
     card = FakeCard()
     weights = upload_weights(card, fixture.file, fixture.config)
     mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)
@@ -226,6 +226,10 @@ def test_bench_driver_runs_and_projects(fixture, monkeypatch):
     for k, d in r["draft_tokens"].items():
         assert d["projection"]["tokens_per_round"] == pytest.approx(tokens_per_round(0.8, k))
         assert "PROJECTION" in d["projection"]["label"] and d["measured"]["tokens_per_s"] > 0
+        together = d["slots_together"]  # every slot count whose verify rows fit one GEMV
+        assert sorted(together) == ([2, 3, 4] if k == 1 else [2])
+        assert all(t["rounds"]["step_ms"] > 0 and t["plain"]["tokens_per_step"] == width for width, t in together.items())
+    assert "slots together" in render_mtp(r)
 
 
 def test_the_plan_counts_the_verify_rings(fixture):
@@ -263,9 +267,8 @@ def test_a_card_keeps_at_most_widths_times_verify_widths_graphs(fixture):
     sampled = SamplingParams(temperature=0.7, top_p=0.9, seed=1)
     drafts = list(range(30, 30 + k))
     outcomes = {  # what each kind of round "computed" (the stand-in card runs no kernel): all accepted, none
-        True: [(spec.picks, drafts + drafts + [40]), (spec.picks, [50] * k + [60] * (k + 1))],
-        False: [(spec.rule.out, drafts + drafts + [40] + [3, k, k + 1, 0]),
-                (spec.rule.out, drafts + [50] + [-1] * k + [3, 0, 1, 0])],
+        True: [drafts + drafts + [40], [50] * k + [60] * (k + 1)],
+        False: [drafts + drafts + [40] + [3, k, k + 1, 0], drafts + [50] + [-1] * k + [3, 0, 1, 0]],
     }
     for slot in range(8):
         greedy = slot % 2 == 1
@@ -273,8 +276,8 @@ def test_a_card_keeps_at_most_widths_times_verify_widths_graphs(fixture):
         dec.begin(slot, SlotRequest(GREEDY if greedy else sampled, [1, 2, 3]))
         assert spec.speculating(slot)
         for round_ in range(6):  # each owed-row count eager, captured, replayed
-            buffer, values = outcomes[greedy][round_ % 2]
-            buffer.upload(np.asarray(values, np.int32))
+            buffer = spec.picks_of(slot) if greedy else spec.rules[slot].out
+            buffer.upload(np.asarray(outcomes[greedy][round_ % 2], np.int32))
             dec.step({slot: 5})
         dec.reset_slot(slot)
     assert spec.stats.rounds == 48

@@ -89,16 +89,54 @@ def test_a_round_verifies_on_every_card_and_commits_the_accepted_count_everywher
         gpu.close()
 
 
-def test_several_slots_step_plainly_through_the_cards_and_keep_their_heads_fed(fixture):
+def test_a_slot_that_does_not_speculate_makes_the_step_plain_and_the_heads_stay_fed(fixture):
     gpu = three_cards(fixture, 1)
     try:
         spec = gpu.stages[-1].decoder.speculator
         for slot in (0, 1):
             gpu.prefill_slot(slot, list(range(10)))
-            gpu.begin(slot, SlotRequest(GREEDY, list(range(10))))
+            gpu.begin(slot, SlotRequest(GREEDY, list(range(10)), speculative=slot == 0))
         gpu.step({0: 3, 1: 4})
-        assert spec.stats.rounds == 0 and [c.owed_rows for c in spec.caches] == [2, 2]
+        assert spec.stats.rounds == 0 and spec.caches[0].owed_rows == 2
         assert [gpu.position(s) for s in (0, 1)] == [11, 11]
+    finally:
+        gpu.close()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_slots_that_all_speculate_verify_in_one_pass_a_card_and_commit_their_own_counts(fixture, k):
+    """Two slots' rounds through three cards: the first card embeds each slot's token and drafts in slot order, each
+    later card gets both slots' rows in one hop, and each slot's accepted count moves and rolls back that slot alone on
+    every card."""
+    gpu = three_cards(fixture, k)
+    try:
+        decoders = [st.decoder for st in gpu.stages]
+        spec = decoders[-1].speculator
+        hops: list[int] = []
+        plain_hop = gpu.rounds.hop
+        gpu.rounds.hop = lambda rows: (hops.append(len(rows)), plain_hop(rows))[1]
+        for slot in (0, 1):
+            gpu.prefill_slot(slot, list(range(10 + slot)))
+            gpu.begin(slot, SlotRequest(GREEDY, list(range(10 + slot))))
+        rolled = []
+        for d in decoders:  # slot 1's ring slot 0 marked on every card with GDN layers: its rejection restores it
+            for layer, ring in d.verifier.rings[1].items():
+                ring.recurrent.upload(np.full(ring.recurrent.nbytes // 4, 7, np.float32))
+                rolled.append((d.seqs[0].gdn[layer], d.seqs[1].gdn[layer]))
+        assert rolled
+        spec.picks_of(0).upload(np.asarray(list(range(30, 30 + k)) + list(range(30, 31 + k)), np.int32))
+        spec.picks_of(1).upload(np.asarray([50 + i for i in range(k)] + [60 + i for i in range(k + 1)], np.int32))
+        picks = gpu.step({0: 4, 1: 5})
+        assert picks[0].tokens == tuple(range(30, 31 + k)) and picks[1].tokens == (60,)
+        assert picks[0].drafted == picks[1].drafted == k
+        first_ids = decoders[0].fwd.ids.download(np.int32, 2 * (k + 1))
+        assert first_ids.tolist() == [4, *range(30, 30 + k), 5, *[50 + i for i in range(k)]]
+        assert hops == [2 * (k + 1)] * 2  # both slots' rows in one hop per boundary
+        assert [d.seqs[0].next_position for d in decoders] == [10 + k + 1] * 3
+        assert [d.seqs[1].next_position for d in decoders] == [11 + 1] * 3
+        assert all((one.recurrent.download(np.float32, 8) == 7).all() for _, one in rolled)
+        assert not any((zero.recurrent.download(np.float32, 8) == 7).all() for zero, _ in rolled)
+        assert spec.stats.rounds == 2 and spec.stats.accepted == k
     finally:
         gpu.close()
 

@@ -26,7 +26,7 @@ from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest, batches_prefill
 from engine.gguf.loader import load_model
 from engine.model.kv_formats import kv_format
-from fake_card import FakeBuffer, FakeCard
+from fake_card import FakeCard, address, owners_touched
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trained" / "fixture-q8_0.gguf"
 CHUNK = 64
@@ -55,24 +55,9 @@ def names(card: FakeCard) -> list[str]:
     return [name for name, *_ in card.launches]
 
 
-def address(buf: FakeBuffer) -> int:
-    return buf.data.__array_interface__["data"][0]
-
-
 def slot_of(dec: SlotDecoder, args: tuple) -> set[int]:
     """The slots whose state buffers a launch's arguments point into."""
-    def span(buf: FakeBuffer) -> tuple[int, int]:
-        return address(buf), address(buf) + buf.nbytes
-
-    touched = set()
-    for slot, seq in enumerate(dec.seqs):
-        owned = [span(b) for b in seq.buffers()]
-        for arg in args:
-            if isinstance(arg, FakeBuffer):
-                a, b = span(arg)
-                if any(a < end and start < b for start, end in owned):
-                    touched.add(slot)
-    return touched
+    return owners_touched({slot: list(seq.buffers()) for slot, seq in enumerate(dec.seqs)}, args)
 
 
 @pytest.mark.parametrize("kv", ["f16", "k8v3"])

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from engine.cli import main
-from engine.generation.chat_template import FALLBACK_TEMPLATE_PATH
-from engine.fixtures.speculative_fixture import write_draft_friendly_model
-from engine.fixtures.demo_model import DEMO_CONFIG, demo_vocab
+from tests.draft_friendly import write_demo_draft_friendly
 
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
-    cfg = dataclasses.replace(DEMO_CONFIG, n_mtp=1, tied_embeddings=False, is_recurrent=())
-    vocab = demo_vocab(FALLBACK_TEMPLATE_PATH.read_text(encoding="utf-8"))
-    return str(write_draft_friendly_model(tmp_path_factory.mktemp("mtp") / "m.gguf", cfg, vocab, seed=3, mix=0.15))
+    return str(write_demo_draft_friendly(tmp_path_factory.mktemp("mtp") / "m.gguf"))
 
 
 def generate(capsys, model_path: str, *flags: str) -> tuple[str, str]:

@@ -10,11 +10,15 @@ Measured, per draft count K, at one context depth:
   (temperature 0.7, top-p 0.8, top-k 20).
 - end to end: decode tokens/s through `SlotDecoder.step` with and without the head (graph replays, the
   host's share included), greedy and sampled, with the round time and the acceptance that run saw.
+- several slots stepped together (issue 28 item 6): per slot count whose verify rows fit one GEMV (2..4 at K=1,
+  2 at K=2), greedy, the time of a step that is one speculative round for all of them against a plain step over
+  the same slots, end to end through `SlotDecoder.step`.
 
 Random weights accept almost nothing (contracts.md: quality needs trained models), so the result also
 carries a projection, labelled as such: tokens per round at the given per-draft acceptance a (1 + a for
 K=1, 1 + a + a^2 for K=2, drafts assumed independent) over the measured end-to-end round time (which
-includes a rollback copy each round, as a rejection does).
+includes a rollback copy each round, as a rejection does); for slots together, every slot's tokens per round over
+the measured round time against the plain steps' tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from engine.cuda.bench.speed import GREEDY, decode_speed
 from engine.cuda.driver import CudaCard
+from engine.cuda.gemv import MAX_GEMV_TOKENS
 from engine.cuda.bench.microbench import time_graph_ms
 from engine.cuda.bench.profile import kernel_breakdown
 from engine.cuda.slot_decoder import SlotDecoder
@@ -42,12 +47,12 @@ def tokens_per_round(acceptance: float, k: int) -> float:
     return sum(acceptance**i for i in range(k + 1))
 
 
-def _at_depth(dec: SlotDecoder, depth: int) -> None:
-    """Slot 0 as if `depth` tokens had been prefilled (cache contents do not change the speed) and the head
+def _at_depth(dec: SlotDecoder, depth: int, slot: int = 0) -> None:
+    """The slot as if `depth` tokens had been prefilled (cache contents do not change the speed) and the head
     owed its last row."""
-    dec.seqs[0].next_position = depth
+    dec.seqs[slot].next_position = depth
     if dec.speculator:
-        cache = dec.speculator.caches[0]
+        cache = dec.speculator.caches[slot]
         cache.reset()
         cache.position, cache.owed_rows = depth - 1, 1
 
@@ -114,6 +119,46 @@ def _speculative_speed(dec: SlotDecoder, depth: int, steps: int, params: Samplin
             "acceptance": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_verify}
 
 
+def _together_speed(dec: SlotDecoder, depth: int, steps: int, width: int, speculative: bool) -> dict[str, float]:
+    """Greedy decode of slots 0..width-1 from `depth`, all fed every step, for `steps` steps through `step` as serving
+    does: each step one speculative round of them all, or (not `speculative`) a plain step."""
+    slots = range(width)
+    for slot in slots:
+        _at_depth(dec, depth, slot)
+        dec.begin(slot, SlotRequest(GREEDY, (), speculative=speculative))
+    feeds = {slot: 1 for slot in slots}
+
+    def step() -> int:
+        picks = dec.step(feeds)
+        feeds.update({slot: max(pick.tokens[-1], 0) for slot, pick in picks.items()})
+        return sum(len(pick.tokens) for pick in picks.values())
+
+    for _ in range(2):  # eager, then captured: the steps after replay graphs
+        step()
+    t0 = time.perf_counter()
+    emitted = sum(step() for _ in range(steps))
+    elapsed = time.perf_counter() - t0
+    for slot in slots:
+        dec.reset_slot(slot)
+    return {"tokens_per_s": emitted / elapsed, "step_ms": 1e3 * elapsed / steps, "tokens_per_step": emitted / steps}
+
+
+def _slots_together(dec: SlotDecoder, depth: int, steps: int, acceptance: float) -> dict[int, dict[str, Any]]:
+    """`_together_speed` both ways for every slot count of 2 or more whose verify rows fit one GEMV, with the
+    projection at `acceptance`."""
+    k, out = dec.speculator.k, {}  # type: ignore[union-attr]
+    for width in range(2, min(dec.slot_count, MAX_GEMV_TOKENS // (k + 1)) + 1):
+        rounds = _together_speed(dec, depth, steps, width, True)
+        plain = _together_speed(dec, depth, steps, width, False)
+        projected = width * tokens_per_round(acceptance, k) / (rounds["step_ms"] * 1e-3)
+        out[width] = {"rounds": rounds, "plain": plain, "round_over_step": rounds["step_ms"] / plain["step_ms"],
+                      "projection": {"label": "PROJECTION, not a measurement: every slot's tokens per round at the "
+                                              "stated acceptance over the measured round time",
+                                     "acceptance": acceptance, "tokens_per_s": projected,
+                                     "speedup_over_plain": projected / plain["tokens_per_s"]}}
+    return out
+
+
 def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: MtpWeights, shape: str, depth: int,
                   acceptance: float, steps: int = 64, chunk: int = 256) -> dict[str, Any]:
     """The measurements of the module docstring for K = 1 and 2, and the projections at `acceptance`."""
@@ -125,7 +170,7 @@ def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: 
                               "plain_sampled_decode_tokens_per_s": plain_sampled_tps, "sampling": SAMPLED.__dict__,
                               "draft_tokens": {}}
     for k in DRAFT_TOKENS:
-        dec = SlotDecoder(card, cfg, weights, capacity, 1, chunk, mtp=mtp, draft_tokens=k)
+        dec = SlotDecoder(card, cfg, weights, capacity, MAX_GEMV_TOKENS // (k + 1), chunk, mtp=mtp, draft_tokens=k)
         times = _device_times(dec, depth)
         measured = _speculative_speed(dec, depth, steps, GREEDY)
         per_round = tokens_per_round(acceptance, k)
@@ -141,6 +186,7 @@ def run_mtp_bench(card: CudaCard, cfg: ModelConfig, weights: ModelWeights, mtp: 
                 "tokens_per_s": per_round / (measured["round_ms"] * 1e-3),
                 "speedup_over_plain": per_round / (measured["round_ms"] * 1e-3) / plain_tps,
             },
+            "slots_together": _slots_together(dec, depth, steps, acceptance),
         }
     return result
 
@@ -227,6 +273,11 @@ def render_mtp(r: dict[str, Any], fixture: dict[str, Any] | None = None) -> str:
             extra = sorted(verify, key=lambda n: -(verify[n]["us"] - plain.get(n, {}).get("us", 0.0)))
             lines.append("  verify minus decode, us (launches): " + ", ".join(
                 f"{n} {verify[n]['us'] - plain.get(n, {}).get('us', 0.0):+.0f} ({verify[n]['launches']})" for n in extra[:8]))
+        for width, t in d.get("slots_together", {}).items():
+            lines.append(f"  {width} slots together: round {t['rounds']['step_ms']:.2f} ms against a plain step "
+                         f"{t['plain']['step_ms']:.2f} ms ({t['round_over_step']:.2f}x); PROJECTED at acceptance "
+                         f"{t['projection']['acceptance']:.0%}: {t['projection']['tokens_per_s']:.1f} t/s "
+                         f"({t['projection']['speedup_over_plain']:.2f}x plain)")
     return "\n".join(lines)
 
 

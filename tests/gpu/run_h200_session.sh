@@ -199,12 +199,14 @@ focus)  # after a change to a few kernels: the GPU tests named after `focus`, th
         --depths 512,4096 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
     wait
     echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A14 "^depth" "$RES/bench-9b-q8_0.log" ;;
-mtp)  # issue 28 item 6: speculation tests on one card and over three logical cards, then the 27B over 3 cards
-      # rounds against plain steps, and the 9B one-card MTP bench (the round's graph after the refactor)
+mtp)  # issue 28 item 6: speculation tests on one card and over three logical cards (several slots in one verify
+      # too), then the 27B over 3 cards rounds against plain steps, and the 9B one-card MTP bench (with rounds of
+      # 2-4 slots together against plain steps over them)
     setup
     job gpu-mtp $(($(left) - 200)) python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 12 --timeout 200 \
         -p no:benchmark tests/gpu/test_pipeline_speculation.py tests/gpu/test_mtp_gpu.py tests/gpu/test_pipeline.py \
-        tests/gpu/test_speculative_sampling_gpu.py tests/gpu/test_teeth_fixture.py tests/gpu/test_slots.py
+        tests/gpu/test_speculative_sampling_gpu.py tests/gpu/test_teeth_fixture.py tests/gpu/test_slots.py \
+        tests/gpu/test_slot_rounds.py tests/gpu/test_shared_prefill.py
     wait
     echo "gpu-mtp: $(cat "$RES/gpu-mtp.rc") ($SECONDS s)"; tail -4 "$RES/gpu-mtp.log"
     job mtp-27b-3cards 150 python3 -m engine.cli bench --synthetic 27b --weights q8_0 --pipeline 3 --mtp \

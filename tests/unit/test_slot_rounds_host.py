@@ -167,10 +167,14 @@ def test_a_step_whose_slots_cannot_all_take_a_round_is_plain_and_keeps_the_heads
     masks = (lambda: {}) if case == "masked" else None  # a callable counts as masks, whatever it returns
     before = [seq.next_position for seq in dec.seqs[:3]]
     owed = [spec.caches[s].owed_rows for s in modes]
-    expected_together = case in ("no room",)  # every slot speculates; only the round finds one without room
-    assert dec.speculates_together(feeds, masks) == expected_together
-    assert dec.launch(feeds, masks) is False if expected_together else dec.launch(feeds, masks)
-    picks = dec.collect() if not expected_together else dec.step(feeds, masks)
+    would_round = case == "no room"  # every slot speculates; only the round finds one without room
+    assert dec.speculates_together(feeds, masks) == would_round
+    if would_round:
+        assert dec.launch(feeds, masks) is False  # taken whole, with nothing queued
+        picks = dec.step(feeds, masks)
+    else:
+        assert dec.launch(feeds, masks)
+        picks = dec.collect()
     assert all(p.extra == () and p.drafted == 0 for p in picks.values())
     assert [seq.next_position for seq in dec.seqs[:3]] == [p + 1 for p in before]
     assert spec.stats.rounds == 0

@@ -250,8 +250,7 @@ class ForwardPass:
         if not 1 <= len(runs) <= MAX_GEMV_TOKENS or n > self.max_tokens:
             raise ValueError(f"a pass over several sequences holds 1..{MAX_GEMV_TOKENS} runs and at most "
                              f"{self.max_tokens} rows, not {len(runs)} runs of {n}")
-        if [r.first for r in runs] != [sum(r.count for r in runs[:j]) for j in range(len(runs))] or min(
-                r.count for r in runs) < 1:
+        if not _in_order(runs) or min(r.count for r in runs) < 1:
             raise ValueError("the runs must cover the rows in order, one after another, each at least one row")
         self._layers(n, tuple(runs), None)
         if not self.heads:
@@ -274,8 +273,7 @@ class ForwardPass:
         if not 2 <= len(runs) <= n <= MAX_GEMV_TOKENS or len(hidden) != len(runs):
             raise ValueError(f"a verify over several slots holds 2 or more runs of {MAX_GEMV_TOKENS} rows in all, with a "
                              f"hidden buffer each, not {len(runs)} runs of {n} rows and {len(hidden)} buffers")
-        if [r.first for r in runs] != [sum(r.count for r in runs[:j]) for j in range(len(runs))] or any(
-                r.count < 2 or r.rings is None for r in runs):
+        if not _in_order(runs) or any(r.count < 2 or r.rings is None for r in runs):
             raise ValueError("the runs must cover the rows in order, each a verify of two or more rows with its rings")
         self._anywhere = True
         try:
@@ -469,6 +467,11 @@ class ForwardPass:
         if few:
             return max(1, min(self.decode_splits, self.part_rows // (n * self.cfg.n_head)))
         return prefill_splits(self.card.sm_count, n, self.dims, kv_len)
+
+
+def _in_order(runs: Sequence[SequenceRows]) -> bool:
+    """Do the runs cover a pass's rows in order, each starting where the one before ends?"""
+    return [r.first for r in runs] == [sum(r.count for r in runs[:j]) for j in range(len(runs))]
 
 
 def _rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:

@@ -100,32 +100,20 @@ def _device_times(dec: SlotDecoder, depth: int) -> dict[str, Any]:
 
 def _speculative_speed(dec: SlotDecoder, depth: int, steps: int, params: SamplingParams) -> dict[str, float]:
     """Speculative decoding of slot 0 from `depth` for `steps` rounds, through `step` as generation does."""
+    m = _stepped(dec, depth, steps, 1, SlotRequest(params, ()))
+    return {"tokens_per_s": m["tokens_per_s"], "round_ms": m["step_ms"], "acceptance": m["acceptance"],
+            "tokens_per_round": m["tokens_per_round"]}
+
+
+def _stepped(dec: SlotDecoder, depth: int, steps: int, width: int, request: SlotRequest) -> dict[str, float]:
+    """Decode of slots 0..width-1 under `request` from `depth`, all fed every step, for `steps` steps through `step`
+    as generation and serving do (a speculating request's steps are rounds, of all the slots at once); the
+    acceptance counts cover the timed steps only."""
     assert dec.speculator is not None
-    _at_depth(dec, depth)
-    dec.begin(0, SlotRequest(params, ()))
-    feed = 1
-    for _ in range(2):  # eager, then captured: the rounds after replay a graph
-        feed = max(dec.step({0: feed})[0].tokens[-1], 0)
-    dec.speculator.stats = stats = SpeculationStats()
-    emitted = 0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        run = dec.step({0: feed})[0].tokens
-        emitted += len(run)
-        feed = max(run[-1], 0)
-    elapsed = time.perf_counter() - t0
-    dec.reset_slot(0)
-    return {"tokens_per_s": emitted / elapsed, "round_ms": 1e3 * elapsed / steps,
-            "acceptance": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_verify}
-
-
-def _together_speed(dec: SlotDecoder, depth: int, steps: int, width: int, speculative: bool) -> dict[str, float]:
-    """Greedy decode of slots 0..width-1 from `depth`, all fed every step, for `steps` steps through `step` as serving
-    does: each step one speculative round of them all, or (not `speculative`) a plain step."""
     slots = range(width)
     for slot in slots:
         _at_depth(dec, depth, slot)
-        dec.begin(slot, SlotRequest(GREEDY, (), speculative=speculative))
+        dec.begin(slot, request)
     feeds = {slot: 1 for slot in slots}
 
     def step() -> int:
@@ -135,21 +123,23 @@ def _together_speed(dec: SlotDecoder, depth: int, steps: int, width: int, specul
 
     for _ in range(2):  # eager, then captured: the steps after replay graphs
         step()
+    dec.speculator.stats = stats = SpeculationStats()
     t0 = time.perf_counter()
     emitted = sum(step() for _ in range(steps))
     elapsed = time.perf_counter() - t0
     for slot in slots:
         dec.reset_slot(slot)
-    return {"tokens_per_s": emitted / elapsed, "step_ms": 1e3 * elapsed / steps, "tokens_per_step": emitted / steps}
+    return {"tokens_per_s": emitted / elapsed, "step_ms": 1e3 * elapsed / steps, "tokens_per_step": emitted / steps,
+            "acceptance": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_verify}
 
 
 def _slots_together(dec: SlotDecoder, depth: int, steps: int, acceptance: float) -> dict[int, dict[str, Any]]:
-    """`_together_speed` both ways for every slot count of 2 or more whose verify rows fit one GEMV, with the
-    projection at `acceptance`."""
+    """Greedy decode of 2 or more slots together, as speculative rounds and as plain steps (`_stepped`), for every
+    slot count whose verify rows fit one GEMV, with the projection at `acceptance`."""
     k, out = dec.speculator.k, {}  # type: ignore[union-attr]
     for width in range(2, min(dec.slot_count, MAX_GEMV_TOKENS // (k + 1)) + 1):
-        rounds = _together_speed(dec, depth, steps, width, True)
-        plain = _together_speed(dec, depth, steps, width, False)
+        rounds = _stepped(dec, depth, steps, width, SlotRequest(GREEDY, ()))
+        plain = _stepped(dec, depth, steps, width, SlotRequest(GREEDY, (), speculative=False))
         projected = width * tokens_per_round(acceptance, k) / (rounds["step_ms"] * 1e-3)
         out[width] = {"rounds": rounds, "plain": plain, "round_over_step": rounds["step_ms"] / plain["step_ms"],
                       "projection": {"label": "PROJECTION, not a measurement: every slot's tokens per round at the "

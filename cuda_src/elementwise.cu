@@ -1,7 +1,7 @@
 // Elementwise kernels between GEMVs: the SwiGLU product, fused with the Q8_1 quantisation that the
 // down projection's input needs. fp32 in and out; the nonlinearity uses the reference's overflow-free
 // form (engine/reference/activations.py) with accurate expf. (Residual adds need no kernel here: the
-// GEMV and GEMM epilogues add them.)
+// GEMV and GEMM epilogues add them.) Also the one row copy whose source row is data: the MTP head's last row.
 #include "activations.cuh"
 #include "q8_1_warp.cuh"
 
@@ -26,4 +26,16 @@ extern "C" __global__ void swiglu_q8_1(const float* __restrict__ gate, const flo
     const size_t out = (size_t)row * n + i;
     if (y != nullptr) y[out] = h;
     if (yq != nullptr) q8_1_quantize_warp(h, yq + out, yd + out / 32);
+}
+
+// dst[0, width) = row min(step[RIGLLM_STEP_N_TOKENS], rows) - 1 of `src` [rows][width] fp32: the last real row of a
+// launch that runs `rows` rows while its step record counts fewer (the MTP head's draft call for several slots pads
+// each slot's owed rows to a fixed count, engine/cuda/mtp.py), picked on the card so that one captured graph serves
+// every owed-row count. The count is clamped to [1, rows]: a bad record copies a row of `src`, never past it.
+// Grid: enough blocks of any size to cover `width`.
+extern "C" __global__ void copy_last_step_row(const float* __restrict__ src, int width, int rows,
+                                              const int* __restrict__ step, float* __restrict__ dst) {
+    const int last = min(max(step[RIGLLM_STEP_N_TOKENS], 1), rows) - 1;
+    const float* row = src + (size_t)last * width;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) dst[i] = row[i];
 }

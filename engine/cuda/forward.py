@@ -83,7 +83,7 @@ class SequenceRows:
 
     def of(self, rows: DeviceBuffer, width: int) -> DeviceBuffer:
         """These rows of a [T][width] fp32 matrix."""
-        return _rows(rows, width, self.first, self.count)
+        return matrix_rows(rows, width, self.first, self.count)
 
 
 def shares_pass(counts: Sequence[int], max_tokens: int) -> bool:
@@ -216,12 +216,13 @@ class ForwardPass:
         self._norm(self.h, self.w.output_norm, x, n, self.w.lm_head, y=hidden)
         matmul(self.card, self.w.lm_head, x, self.logits, n)
 
-    def run_block(self, i: int, layer: LayerWeights, n: int, seq: DeviceSequence) -> None:
-        """Decoder block i (the MTP block, whose index follows the trunk's) on the n rows in `h`, continuing
-        `seq`'s cache of that block; attention splits are sized for the capacity (a graph replays anywhere)."""
+    def run_block(self, i: int, layer: LayerWeights, n: int, owner: DeviceSequence | tuple[SequenceRows, ...]) -> None:
+        """Decoder block i (the MTP block, whose index follows the trunk's) on the n rows in `h`, continuing one
+        sequence's cache of that block (or each run's, for runs of several); attention splits are sized for the
+        capacity (a graph replays anywhere)."""
         self._anywhere = True
         try:
-            self._layer(i, layer, n, seq, None)
+            self._layer(i, layer, n, owner, None)
         finally:
             self._anywhere = False
 
@@ -257,7 +258,7 @@ class ForwardPass:
             return
         x = self.q8[d]
         for j, r in enumerate(runs):
-            self._norm(_rows(self.h, d, r.first + r.count - 1, 1), self.w.output_norm, x, 1, self.w.lm_head)
+            self._norm(matrix_rows(self.h, d, r.first + r.count - 1, 1), self.w.output_norm, x, 1, self.w.lm_head)
             matmul(self.card, self.w.lm_head, x, self.logits_row(j), 1)
 
     def run_verifies(self, runs: Sequence[SequenceRows], hidden: Sequence[DeviceBuffer | None]) -> None:
@@ -292,7 +293,7 @@ class ForwardPass:
         if self.embeds:
             embed(self.card, self.w.token_embd, self.ids, self.h, n)
             for first, block in embedded:  # a synchronous copy: after the embedding it overwrites, before the layers
-                _rows(self.h, self.cfg.d_model, first, len(block)).upload(np.asarray(block, np.float32))
+                matrix_rows(self.h, self.cfg.d_model, first, len(block)).upload(np.asarray(block, np.float32))
         for i, layer in zip(self.w.span, self.w.layers):
             self._layer(i, layer, n, owner, positions)
 
@@ -474,6 +475,6 @@ def _in_order(runs: Sequence[SequenceRows]) -> bool:
     return [r.first for r in runs] == [sum(r.count for r in runs[:j]) for j in range(len(runs))]
 
 
-def _rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:
+def matrix_rows(buf: DeviceBuffer, width: int, first: int, count: int) -> DeviceBuffer:
     """Rows [first, first + count) of a [T][width] fp32 matrix."""
     return buf.view(F32 * first * width, F32 * count * width)

@@ -13,17 +13,24 @@ position (engine.reference.mtp).
 The pass reuses the forward pass's scratch (`h`, `proj`, the Q8_1 buffers) and its block code
 (`ForwardPass.run_block`), so it runs between trunk passes on the same stream, never during one.
 Everything a graph must not bake (the head's position and row count) lives in the cache's `steps`.
+
+Several slots' drafts take one pass per draft (`forward_slots`: the head's weights and the ~1 GB LM head read once
+for all of them, not once per slot). Each slot's owed rows are padded to a fixed count there, so that one captured
+graph serves every mix of owed-row counts: its step record counts the real rows, the padding rows (the slot's token,
+stale hidden rows) are computed past them and never read, their cache rows lie past the head's position and are
+written again before any row attends to them, and the last real row is picked on the card (`copy_last_step_row`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.cuda.driver import CudaCard, DeviceBuffer
-from engine.cuda.forward import ForwardPass
-from engine.cuda.norm import NORM_THREADS_BATCH, NORM_THREADS_DECODE, rmsnorm_q8_1
+from engine.cuda.forward import ForwardPass, SequenceRows, matrix_rows
+from engine.cuda.norm import norm_shape, rmsnorm_q8_1
 from engine.cuda.gemv import MAX_GEMV_TOKENS, alloc_q8_activations
 from engine.cuda.matmul import embed, matmul
 from engine.cuda.kv_cache import KVLayerCache, alloc_kv_layer
@@ -42,6 +49,16 @@ class HeadRows:
     kv: dict[int, KVLayerCache]
     step: DeviceBuffer
     capacity: int
+
+
+@dataclass(frozen=True)
+class HeadCall:
+    """One slot's part of a head pass over several slots (`MtpHead.forward_slots`): its cache view, its normed hidden
+    rows and the device ids of the tokens after them."""
+
+    rows: HeadRows
+    hidden: DeviceBuffer
+    ids: DeviceBuffer
 
 
 class MtpCache:
@@ -84,9 +101,9 @@ class MtpCache:
 
 class MtpHead:
     """The head's pass on the card with the LM head (the whole model on one card, the last stage on several),
-    with its input and output buffers. Each of the `slots` slots has its own K draft logits rows and its own owed
-    rows' token ids, so that several slots' drafts can be made one after another and verified together (a sampled
-    slot's rule reads its draft rows after the verify)."""
+    with its input and output buffers. Each slot has its own owed rows' token ids; each place in a round of up to
+    `slots` slots has its own K draft logits rows and output row, so that several slots' drafts are made together and
+    verified together (a sampled slot's rule reads its draft rows after the verify)."""
 
     def __init__(self, fwd: ForwardPass, weights: MtpWeights, draft_tokens: int, slots: int = 1):
         if fwd.w.lm_head is None:
@@ -94,34 +111,45 @@ class MtpHead:
         card, cfg = fwd.card, fwd.cfg
         self.fwd, self.w, self.card, self.cfg = fwd, weights, card, cfg
         d = cfg.d_model
-        self.max_rows, self.draft_tokens = fwd.max_tokens, draft_tokens
+        self.max_rows, self.draft_tokens, self.slots = fwd.max_tokens, draft_tokens, slots
         # head input rows (normed trunk rows) and the tokens after them; prefill stages up to owed + chunk rows, a
         # round a slot's owed rows' tokens at `round_ids(slot)`
         self.rows_in = card.alloc(F32 * (fwd.max_tokens + OWED_ROWS) * d, "mtp.rows_in")
         self.ids = card.alloc(4 * max(fwd.max_tokens + OWED_ROWS, slots * OWED_ROWS), "mtp.ids")
+        self.ids.fill_zero()  # a padding row may embed an id its slot never wrote: a valid one
         self.x2 = alloc_q8_activations(card, 2 * d, fwd.max_tokens, "mtp.x2")
-        self.out = card.alloc(F32 * d, "mtp.out")  # the last row's normed output: a chained draft's hidden input
-        self.logits = card.alloc(F32 * slots * draft_tokens * cfg.vocab_size, "mtp.logits")  # [slot][draft][V]
+        # [place] the last row's normed output (a chained draft's hidden input); the last real rows picked from `h`
+        self.out = card.alloc(F32 * slots * d, "mtp.out")
+        self.last = card.alloc(F32 * slots * d, "mtp.last")
+        self.logits = card.alloc(F32 * slots * draft_tokens * cfg.vocab_size, "mtp.logits")  # [draft][place][V]
 
     def logits_row(self, row: int) -> DeviceBuffer:
         v = self.cfg.vocab_size
         return self.logits.view(F32 * row * v, F32 * v)
 
-    def draft_row(self, slot: int, draft: int) -> int:
-        """The `logits` row of the slot's draft `draft` (0-based)."""
-        return slot * self.draft_tokens + draft
+    def draft_row(self, place: int, draft: int) -> int:
+        """The `logits` row of draft `draft` (0-based) of the slot at `place` in its round (0 for a slot alone): a
+        draft's rows of all the places are consecutive, one LM-head GEMV's output."""
+        return draft * self.slots + place
+
+    def out_row(self, place: int) -> DeviceBuffer:
+        """The normed output row of the slot at `place` in its round's last head call."""
+        d = self.cfg.d_model
+        return self.out.view(F32 * place * d, F32 * d)
 
     def round_ids(self, slot: int, rows: int) -> DeviceBuffer:
         """Where a round's head call reads the tokens after the slot's `rows` owed rows."""
         return self.ids.view(4 * slot * OWED_ROWS, 4 * rows)
 
-    def _norm_into(self, x: DeviceBuffer, weight: DeviceBuffer, n: int, half: int) -> None:
-        """RMSNorm of n rows of width D into half `half` (0: embedding, 1: hidden) of the [n][2D] Q8_1 input."""
+    def _norm_into(self, x: DeviceBuffer, weight: DeviceBuffer, n: int, half: int, first: int = 0) -> None:
+        """RMSNorm of n rows of width D into half `half` (0: embedding, 1: hidden) of rows [first, first + n) of the
+        [T][2D] Q8_1 input, in the trunk's norm shape (a row's bits are the same at any count up to MAX_GEMV_TOKENS)."""
         d = self.cfg.d_model
-        xq = self.x2.xq.view(half * d, self.x2.xq.nbytes - half * d)
-        xd = self.x2.xd.view(F32 * half * (d // 32), self.x2.xd.nbytes - F32 * half * (d // 32))
-        threads = NORM_THREADS_DECODE if n == 1 else NORM_THREADS_BATCH
-        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, xq, xd, 2 * d, (n, 1), threads)
+        q_at, d_at = first * 2 * d + half * d, F32 * (first * 2 * d + half * d) // 32
+        xq = self.x2.xq.view(q_at, self.x2.xq.nbytes - q_at)
+        xd = self.x2.xd.view(d_at, self.x2.xd.nbytes - d_at)
+        grid, threads = norm_shape(n)
+        rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, xq, xd, 2 * d, grid, threads)
 
     def forward(self, n: int, rows: HeadRows, hidden: DeviceBuffer, ids: DeviceBuffer, logits_row: int | None) -> None:
         """n head rows: normed trunk rows `hidden` [n][D] paired with the tokens `ids` [n] (device int32), cached
@@ -137,9 +165,42 @@ class MtpHead:
         fwd.run_block(self.w.index, self.w.block, n, rows)  # type: ignore[arg-type]  # HeadRows quacks like a sequence
         if logits_row is None:
             return
-        x = fwd.q8[d]
-        fwd._norm(fwd.h.view(F32 * (n - 1) * d, F32 * d), self.w.head_norm, x, 1, fwd.w.lm_head, y=self.out)
-        matmul(self.card, fwd.w.lm_head, x, self.logits_row(logits_row), 1)
+        self._logits(fwd.h.view(F32 * (n - 1) * d, F32 * d), 1, logits_row)
+
+    def forward_slots(self, calls: Sequence[HeadCall], each: int, draft: int) -> None:
+        """One head call for each of several slots in one pass: slot j's `each` rows (its step record counts its real
+        rows, the first; the rest pad it to `each`) from its hidden rows and ids, cached at its step position; its
+        last real row's normed output → `out_row(j)`, its logits → row `draft_row(j, draft)`. Each slot's real rows
+        come out as its own `forward` leaves them: the GEMVs and the decode-shaped norms give a row the same bits at
+        any count up to MAX_GEMV_TOKENS (but a K-quant GEMV's single row: gemv_kq.cu's pair variants), and attention
+        launches on each slot's rows as its own call would."""
+        slots, n = len(calls), len(calls) * each
+        if not 2 <= slots <= self.slots or n > MAX_GEMV_TOKENS:
+            raise ValueError(f"a head pass over several slots runs 2..{self.slots} slots of at most {MAX_GEMV_TOKENS} "
+                             f"rows in all, not {slots} of {each}")
+        fwd, d = self.fwd, self.cfg.d_model
+        for j, call in enumerate(calls):
+            embed(self.card, self.w.embedding, call.ids, matrix_rows(fwd.h, d, j * each, each), each)
+        self._norm_into(fwd.h, self.w.enorm, n, 0)
+        for j, call in enumerate(calls):
+            self._norm_into(call.hidden, self.w.hnorm, each, 1, first=j * each)
+        fwd._matmul(self.w.eh_proj, self.x2, fwd.h, n)
+        runs = tuple(SequenceRows(call.rows, j * each, each) for j, call in enumerate(calls))  # type: ignore[arg-type]
+        fwd.run_block(self.w.index, self.w.block, n, runs)
+        if each == 1:  # each slot's one row is its last
+            self._logits(fwd.h, slots, self.draft_row(0, draft))
+            return
+        for j, call in enumerate(calls):
+            copy_last_step_row(self.card, matrix_rows(fwd.h, d, j * each, each), d, each, call.rows.step,
+                               matrix_rows(self.last, d, j, 1))
+        self._logits(self.last, slots, self.draft_row(0, draft))
+
+    def _logits(self, rows: DeviceBuffer, n: int, first: int) -> None:
+        """The head's final norm of n rows of width D → `out` rows 0..n-1, their logits → `logits` rows first.."""
+        fwd, v = self.fwd, self.cfg.vocab_size
+        x = fwd.q8[self.cfg.d_model]
+        fwd._norm(rows, self.w.head_norm, x, n, fwd.w.lm_head, y=self.out)
+        matmul(self.card, fwd.w.lm_head, x, self.logits.view(F32 * first * v, F32 * n * v), n)
 
     def norm_trunk_rows(self, first: int, n: int) -> None:
         """The trunk's final norm of the n rows in the forward pass's `h` → `rows_in` rows [first, first + n)
@@ -147,3 +208,9 @@ class MtpHead:
         d = self.cfg.d_model
         self.fwd._norm(self.fwd.h, self.fwd.w.output_norm, self.fwd.q8[d], n, None,
                        y=self.rows_in.view(F32 * first * d, F32 * n * d))
+
+
+def copy_last_step_row(card: CudaCard, rows: DeviceBuffer, width: int, count: int, step: DeviceBuffer,
+                       out: DeviceBuffer) -> None:
+    """out = row n - 1 of the [count][width] fp32 `rows`, n read from the [pos, n] record `step` on the card."""
+    card.kernel("copy_last_step_row").launch(-(-width // 256), 256, rows, np.int32(width), np.int32(count), step, out)

@@ -22,10 +22,12 @@ Greedy requests with penalties decode plainly: the GPU sampler turns them into a
 scores, a point mass the rule's kernels do not take.
 On a single card a round for one slot (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
 A step that feeds several slots which all speculate now, with K+1 verify rows each fitting one GEMV (at most
-MAX_GEMV_TOKENS rows in all: 4 slots at K=1, 2 at K=2), is one round for all of them (`rounds`): each slot's head
-drafts (its draft graph, keyed as a pipeline round's), then one verify pass runs every slot's rows
-(`ForwardPass.run_verifies`: the weights read once) and each slot's own rule, greedy or sampled, over its own
-rows (one graph per set of slots and modes); each slot's rows come out bit for bit as in a round of its own.
+MAX_GEMV_TOKENS rows in all: 4 slots at K=1, 2 at K=2), is one round for all of them (`rounds`): the heads draft
+together, one head pass per draft (`MtpHead.forward_slots`, each slot's owed rows padded to K+1: a slot owing more
+first runs the rest without drafting), then one verify pass runs every slot's rows (`ForwardPass.run_verifies`)
+and each slot's own rule, greedy or sampled, over its own rows. The weights and the LM head are read once per
+head call and once for the verify, whatever the slot count; a set of slots and modes has one draft graph and one
+verify graph; each slot's rows come out bit for bit as in a round of its own (Q8_0 weights; see forward_slots).
 Over several cards (engine.cuda.pipeline_speculation) the speculator sits on the last card, which has the
 LM head: `draft` runs the head and returns the K drafts, every card runs its layers of the verify
 (engine.cuda.stage_verify), and `decide` finishes it and applies the rule; the accepted count goes back
@@ -47,7 +49,7 @@ from engine.cuda.driver import DeviceBuffer
 from engine.cuda.forward import ForwardPass, SequenceRows
 from engine.cuda.gdn import GdnRing
 from engine.cuda.gemv import MAX_GEMV_TOKENS
-from engine.cuda.mtp import OWED_ROWS, MtpCache, MtpHead
+from engine.cuda.mtp import OWED_ROWS, HeadCall, MtpCache, MtpHead
 from engine.cuda.sampling import GpuSampler
 from engine.cuda.sequence import DeviceSequence
 from engine.cuda.speculative_sampling import GpuSpeculativeRule
@@ -203,13 +205,14 @@ class CudaSpeculator:
             c.owed_rows += 1
 
     # ---- a round --------------------------------------------------------------------------------
-    def _owed_rows(self, slot: int) -> int | None:
+    def _owed_rows(self, slot: int, padded: bool) -> int | None:
         """The head rows a round for this slot would run now; None when it does not speculate now (not asked,
-        behind, nothing owed, or no room for the verify rows or the head's)."""
+        behind, nothing owed, or no room for the verify rows or the head's: `padded`, K+1 of them at least)."""
         c, seq = self.caches[slot], self.seqs[slot]
         if slot not in self._requests or not c.in_step or not c.owed_rows:
             return None
-        if seq.next_position + self.k + 1 > seq.capacity or not c.room(c.owed_rows):
+        rows = max(c.owed_rows, self.k + 1) if padded else c.owed_rows
+        if seq.next_position + self.k + 1 > seq.capacity or not c.room(rows):
             return None
         return c.owed_rows
 
@@ -217,8 +220,8 @@ class CudaSpeculator:
         """Feed each slot its token and return, per slot, the tokens its round yields (accepted drafts + one), all but
         the last consumed by the slot's trunk; None, with nothing run, when any of them does not speculate now or
         their verify rows exceed one GEMV (the caller takes a plain step). The whole model is on this card: one
-        slot's round is one graph; several slots' are each one's draft graph, then one graph of the shared verify
-        and every slot's rule."""
+        slot's round is one graph; several slots' are their draft graph, then one graph of the shared verify and
+        every slot's rule."""
         owed = self._start_rounds(feeds)
         if owed is None:
             return None
@@ -228,9 +231,8 @@ class CudaSpeculator:
             greedy = self._requests[slot]
             self.graphs.run(("round", greedy, slot, r), lambda: self._round_work(slot, r, greedy))
         else:
-            for slot in slots:
-                self._draft(slot, owed[slot])
             modes = tuple(self._requests[slot] for slot in slots)
+            self._draft_slots(slots, modes)
             self.graphs.run(("verify", tuple(slots), modes), lambda: self._verify_work(slots, modes))
         return self._finish(owed)
 
@@ -242,8 +244,12 @@ class CudaSpeculator:
         owed = self._start_rounds(feeds)
         if owed is None:
             return None
-        for slot, r in owed.items():
-            self._draft(slot, r)
+        slots = sorted(owed)
+        if len(slots) == 1:
+            self._draft(slots[0], owed[slots[0]])
+        else:
+            self._draft_slots(slots, tuple(self._requests[slot] for slot in slots))
+        for slot in slots:
             self._drafts(slot, self._requests[slot]).download_async(self._host_picks[slot, : self.k])
         self.card.stream.synchronize()
         self._drafted = owed
@@ -268,20 +274,44 @@ class CudaSpeculator:
 
     def _start_rounds(self, feeds: Mapping[int, int]) -> dict[int, int] | None:
         """Each fed slot's owed rows, with its round's values uploaded (its token to verify rows of its place in slot
-        order); None, with nothing uploaded, when a slot does not speculate now or the slots' verify rows exceed
-        one GEMV."""
+        order); None, with nothing run or uploaded, when a slot does not speculate now or the slots' verify rows
+        exceed one GEMV. Slots drafting together owe at most K+1 rows each (`_catch_up`), padded to K+1."""
         if not self.together(feeds):
             return None
         slots = sorted(feeds)
+        padded = len(slots) > 1
         owed: dict[int, int] = {}
         for slot in slots:
-            r = self._owed_rows(slot)
+            r = self._owed_rows(slot, padded)
             if r is None:
                 return None
             owed[slot] = r
         for row, slot in enumerate(slots):
-            self._upload_round(slot, owed[slot], feeds[slot], row)
+            if padded and owed[slot] > self.k + 1:
+                owed[slot] = self._catch_up(slot)
+            self._upload_round(slot, owed[slot], feeds[slot], row, self.k + 1 if padded else 0)
         return owed
+
+    def _catch_up(self, slot: int) -> int:
+        """Run all but the last K+1 of the slot's owed rows through its head now, drafting nothing (as `stepped` runs a
+        full set), and move those K+1 to the front of its owed rows: a draft over several slots pads each slot's rows
+        to K+1. Rare: only a slot that owes rows from plain steps gets here. Returns the rows it owes now."""
+        c, head, d, keep = self.caches[slot], self.head, self.fwd.cfg.d_model, self.k + 1
+        m = c.owed_rows - keep  # the rows run now; their tokens are all owed tokens (the fed one follows the last row)
+        self.card.stream.synchronize()  # the slot's staging row may still feed a queued copy of a plain step's
+        staged = self._host_owed[slot]
+        staged[:2] = c.position, m
+        staged[2 : 2 + m] = c.owed_tokens[:m]
+        ids = head.round_ids(slot, m)
+        ids.upload_async(staged[2 : 2 + m])
+        c.steps.view(0, 8).upload_async(staged[:2])
+        head.forward(m, c.rows(0), c.owed, ids, None)
+        kept = head.rows_in.view(0, F32 * keep * d)  # free between passes: prefill and plain steps stage rows there
+        kept.copy_from(c.owed.view(F32 * m * d, F32 * keep * d))
+        c.owed.copy_from(kept)
+        c.position += m
+        c.owed_rows, c.owed_tokens = keep, c.owed_tokens[m:]
+        return keep
 
     def _finish(self, owed: Mapping[int, int]) -> dict[int, list[int]]:
         """Read the outcome of the round of each slot in `owed` (→ its owed rows; waits for them all), commit this
@@ -310,20 +340,22 @@ class CudaSpeculator:
             emitted_by_slot[slot] = emitted
         return emitted_by_slot
 
-    def _upload_round(self, slot: int, r: int, token: int, row: int) -> None:
+    def _upload_round(self, slot: int, r: int, token: int, row: int, padded: int) -> None:
         """Stream-ordered copies of the slot's per-step values for a round from pinned memory (the round ends in a
-        synchronize, so the host array is free again before the next round writes it); its token goes to trunk
-        row `row` * (K+1), the first of its verify rows."""
+        synchronize, so the host array is free again before the next round writes it): its r owed rows' tokens,
+        padded to `padded` rows with its token (rows a draft over several slots runs and never reads); its token
+        also goes to trunk row `row` * (K+1), the first of its verify rows."""
         vals, c, k = self._host_round[slot], self.caches[slot], self.k
         vals[0:2] = (self.seqs[slot].next_position, k + 1)
         vals[2 : 2 + 2 * k] = c.step_values(r)
-        ids = vals[2 + 2 * k : 2 + 2 * k + r + 1]
+        ids = vals[2 + 2 * k :]
         ids[:r] = c.owed_tokens + [token]
-        ids[r] = token
+        ids[r:] = token
         self.seqs[slot].step.upload_async(vals[0:2])
         c.steps.upload_async(vals[2 : 2 + 2 * k])
-        self.head.round_ids(slot, r).upload_async(ids[:r])
-        self.fwd.ids.view(4 * row * (k + 1), 4).upload_async(ids[r:])
+        rows = max(r, padded)
+        self.head.round_ids(slot, rows).upload_async(ids[:rows])
+        self.fwd.ids.view(4 * row * (k + 1), 4).upload_async(ids[r : r + 1])
 
     def picks_of(self, slot: int) -> DeviceBuffer:
         """The slot's greedy round's ids on the card: drafts d_1..d_K, then targets t_0..t_K."""
@@ -338,9 +370,13 @@ class CudaSpeculator:
         return self.picks_of(slot).view(0, 4 * self.k) if greedy else self.rules[slot].drafts
 
     def _draft(self, slot: int, r: int) -> None:
-        """The slot's drafts, from its draft graph (per mode and owed-row count)."""
+        """The drafts of a slot alone, from its draft graph (per mode and owed-row count)."""
         greedy = self._requests[slot]
         self.graphs.run(("draft", greedy, slot, r), lambda: self._draft_work(slot, r, greedy))
+
+    def _draft_slots(self, slots: Sequence[int], modes: Sequence[bool]) -> None:
+        """The drafts of several slots, from their draft graph (per set of slots and modes: the owed rows are data)."""
+        self.graphs.run(("drafts", tuple(slots), tuple(modes)), lambda: self._drafts_work(slots, modes))
 
     def _round_work(self, slot: int, r: int, greedy: bool) -> None:
         """The device work of a round on the card with the whole model (captured as one graph): the drafts, fed
@@ -351,18 +387,42 @@ class CudaSpeculator:
         self._decide_work(slot, greedy)
 
     def _draft_work(self, slot: int, r: int, greedy: bool) -> None:
-        """The head's call over the r owed rows and its chained calls, into the slot's own logits rows: greedy drafts
-        are arg-maxes into its `picks`, sampled ones are drawn from the head's rows by its rule (into its drafts)."""
-        c, head, sampler, k, rule = self.caches[slot], self.head, self.samplers[slot], self.k, self.rules[slot]
-        head.forward(r, c.rows(0), c.owed, head.round_ids(slot, r), head.draft_row(slot, 0))
+        """The head's call over a lone slot's r owed rows and its chained calls, into the logits rows of place 0:
+        greedy drafts are arg-maxes into its `picks`, sampled ones are drawn from the head's rows by its rule."""
+        c, head, k = self.caches[slot], self.head, self.k
+        head.forward(r, c.rows(0), c.owed, head.round_ids(slot, r), head.draft_row(0, 0))
         for i in range(k):
-            row = head.draft_row(slot, i)
             if i:
-                head.forward(1, c.rows(i), head.out, self._pick(slot, i - 1) if greedy else rule.draft_id(i - 1), row)
-            if greedy:
-                sampler.argmax(head.logits_row(row), token=self._pick(slot, i))
+                head.forward(1, c.rows(i), head.out_row(0), self._draft_id(slot, greedy, i - 1), head.draft_row(0, i))
+            self._pick_draft(slot, greedy, 0, i)
+
+    def _drafts_work(self, slots: Sequence[int], modes: Sequence[bool]) -> None:
+        """Several slots' drafts (captured as one graph per set of slots and modes): one head pass per draft, each
+        slot's owed rows padded to K+1 in the first (its step record counts the real ones), one row each after."""
+        head, width = self.head, self.k + 1
+        for i in range(self.k):
+            if i == 0:
+                calls = [HeadCall(self.caches[slot].rows(0), self.caches[slot].owed, head.round_ids(slot, width))
+                         for slot in slots]
             else:
-                rule.draft(sampler, i, head.logits_row(row))
+                calls = [HeadCall(self.caches[slot].rows(i), head.out_row(j), self._draft_id(slot, modes[j], i - 1))
+                         for j, slot in enumerate(slots)]
+            head.forward_slots(calls, width if i == 0 else 1, i)
+            for j, slot in enumerate(slots):
+                self._pick_draft(slot, modes[j], j, i)
+
+    def _draft_id(self, slot: int, greedy: bool, i: int) -> DeviceBuffer:
+        """The slot's draft i (0-based) on the card: a greedy round's arg-max, a sampled one's draw."""
+        return self._pick(slot, i) if greedy else self.rules[slot].draft_id(i)
+
+    def _pick_draft(self, slot: int, greedy: bool, place: int, i: int) -> None:
+        """The slot's draft i from its head logits row (the slot at `place` in its round): the arg-max into its
+        `picks`, or a draw by its rule."""
+        row = self.head.logits_row(self.head.draft_row(place, i))
+        if greedy:
+            self.samplers[slot].argmax(row, token=self._pick(slot, i))
+        else:
+            self.rules[slot].draft(self.samplers[slot], i, row)
 
     def _decide_work(self, slot: int, greedy: bool) -> None:
         """The slot's verify through this card's layers (the head is owed its rows), then its targets."""
@@ -381,15 +441,15 @@ class CudaSpeculator:
             runs.append(SequenceRows(self.seqs[slot], j * width, width, self.rings[slot]))
         self.fwd.run_verifies(runs, [self.caches[slot].owed for slot in slots])
         for j, slot in enumerate(slots):
-            self._targets(slot, modes[j], j * width)
+            self._targets(slot, modes[j], j)
 
-    def _targets(self, slot: int, greedy: bool, first: int) -> None:
-        """The slot's targets from its verify's logits rows `first`.. `first` + K: arg-maxes into its `picks` after
-        the drafts, or its rule over its draft rows and those."""
+    def _targets(self, slot: int, greedy: bool, place: int) -> None:
+        """The targets of the slot at `place` in its round from its verify's logits rows (K+1 from row place * (K+1)):
+        arg-maxes into its `picks` after the drafts, or its rule over its draft rows and those."""
         k, sampler, head = self.k, self.samplers[slot], self.head
-        targets = [self.fwd.logits_row(first + t) for t in range(k + 1)]
+        targets = [self.fwd.logits_row(place * (k + 1) + t) for t in range(k + 1)]
         if greedy:
             for t, row in enumerate(targets):
                 sampler.argmax(row, token=self._pick(slot, k + t))
         else:
-            self.rules[slot].decide(sampler, [head.logits_row(head.draft_row(slot, i)) for i in range(k)], targets)
+            self.rules[slot].decide(sampler, [head.logits_row(head.draft_row(place, i)) for i in range(k)], targets)

@@ -117,8 +117,8 @@ def logits_bytes(cfg: ModelConfig, n_seqs: int) -> int:
 
 
 def draft_logits_bytes(cfg: ModelConfig, n_seqs: int, draft_tokens: int) -> int:
-    """The MTP head's fp32 draft logits rows, K per sequence: each slot keeps its own until its round's rule has read
-    them (several slots draft one after another, then verify together: engine.cuda.speculative)."""
+    """The MTP head's fp32 draft logits rows, K per sequence: each slot of a round keeps its own until its rule has
+    read them (several slots draft together, then verify together: engine.cuda.speculative)."""
     return n_seqs * draft_tokens * cfg.vocab_size * FP32_BYTES
 
 

@@ -1,8 +1,10 @@
-"""The SwiGLU kernel (cuda_src/elementwise.cu) against numpy on random inputs.
+"""The SwiGLU kernel (cuda_src/elementwise.cu) against numpy on random inputs, and the MTP head's row pick.
 
 `swiglu_q8_1`: silu(gate) * up with the reference's `silu` (engine.reference.activations), fp32 within
 SWIGLU_TOL = 1e-6 of max|ref| (expf against numpy's exp, a few ulp); its Q8_1 output must be exactly the
 quantisation of its own fp32 output.
+
+`copy_last_step_row`: a copy, so bit for bit: row min(max(n, 1), rows) - 1 for the step record's n.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.cuda.mtp import copy_last_step_row
 from engine.cuda.q8_layout import quantize_q8_1
 from engine.reference.activations import silu
 from tests.gpu.gpu_fixtures import assert_equal, assert_within
@@ -60,3 +63,18 @@ def test_swiglu(card, rng, n, n_rows, stacked, threads):
     alone = run_swiglu(card, rows, n, up_col, threads, fp32_out=False, quantize=True)
     assert_equal(alone["yq"], out["yq"], f"{what}: Q8_1 values without the fp32 output requested")
     assert_equal(alone["yd"], out["yd"], f"{what}: Q8_1 scales without the fp32 output requested")
+
+
+@pytest.mark.parametrize("width, rows", [(4096, 2), (5120, 3), (96, 8), (300, 1)])
+def test_copy_last_step_row_copies_the_row_its_step_record_counts_to(card, rng, width, rows):
+    """Every count 1..rows picks its row; a count past the rows picks the last, one below 1 the first: never the
+    canary row the source holds after its `rows` rows."""
+    src = rng.standard_normal((rows + 1, width)).astype(np.float32)  # the last row is a canary the kernel never reads
+    source = card.upload(src, "test rows")
+    step = card.alloc(8, "test step")
+    out = card.alloc(F32 * width, "test out")
+    for n, want in [(n, n - 1) for n in range(1, rows + 1)] + [(rows + 1, rows - 1), (0, 0), (-3, 0)]:
+        step.upload(np.asarray([17, n], np.int32))
+        copy_last_step_row(card, source, width, rows, step, out)
+        card.synchronize()
+        assert_equal(out.download(np.float32, width), src[want], f"n={n}")

@@ -1,12 +1,14 @@
 """Several slots' MTP speculative rounds in one step (issue 28 item 6: `CudaSpeculator.rounds`) give every slot
 exactly the round it takes alone: the same target logits, drafts, acceptances and tokens, greedy and sampled.
 
-Why the bound is bit-for-bit equality: each slot's head drafts with the launches of its own round (its own logits
-rows and rule); the shared verify runs every slot's K+1 rows through the GEMV, whose rows sum in the same order at any
-row count of two or more (gemv_q8.cu: a lane's blocks in chunk order, then one shuffle tree), and the decode-shaped
-RMSNorm, which splits a row the same way at any count up to MAX_GEMV_TOKENS; each slot's GDN (with its ring) and
-attention launch on its own rows as its own verify launches them (`ForwardPass.run_verifies`); its rule runs on its
-own rows with its own sampler. So nothing in a slot's round depends on the slots beside it.
+Why the bound is bit-for-bit equality: the heads draft in one pass per draft over every slot's rows (each slot's
+owed rows padded to K+1, `MtpHead.forward_slots`), and the shared verify runs every slot's K+1 rows; both go through
+the Q8_0 GEMV, whose rows sum in the same order at any row count (gemv_q8.cu: a lane's blocks in chunk order, then one
+shuffle tree; what tests/gpu/test_teeth_batches.py holds batched decode to), and the decode-shaped RMSNorm, which
+splits a row the same way at any count up to MAX_GEMV_TOKENS; each slot's head attention, GDN (with its ring) and
+trunk attention launch on its own rows as its own round launches them; its last real head row is copied by its own
+step record; its rule runs on its own rows with its own sampler. So nothing in a slot's round depends on the slots
+beside it, nor on their padding rows.
 """
 
 from __future__ import annotations

@@ -112,8 +112,13 @@ def test_slots_that_all_speculate_share_one_verify_and_keep_their_own_state(fixt
     ring.recurrent.upload(np.full(ring.recurrent.nbytes // 4, 7, np.float32))
     picks = dec.step({0: 60, 1: 60})
     together = gemv_widths(card)
-    # the heads' calls slot by slot, as alone; the trunk's verify once over both slots' rows
-    assert together == {1: alone[1], 4: alone[2] // 2}
+    # one head pass over both slots' owed rows, each padded to K+1 = 2 (eh_proj and the block's four GEMVs at 4 rows,
+    # the LM head at each slot's last real row: 2 rows), where alone each slot ran all six at 1 row; then the trunk's
+    # verify once over both slots' 4 rows
+    head_gemvs = alone[1] // 2
+    assert together == {4: alone[2] // 2 + head_gemvs - 1, 2: 1}
+    gathers = [args for name, args in card.launch_args if name == "copy_last_step_row"]
+    assert [address(args[3]) for args in gathers] == [address(spec.caches[s].steps.view(0, 8)) for s in (0, 1)]
     assert picks[0].tokens == (30, 31) and picks[0].drafted == k
     assert picks[1].tokens == (60,) and picks[1].drafted == k
     assert [dec.seqs[s].next_position for s in (0, 1)] == [3 + 1 + (k + 1), 4 + 1 + 1]
@@ -144,7 +149,7 @@ def test_a_round_of_greedy_and_sampled_slots_reads_each_slots_own_rows(fixture):
     assert len(accepts) == k
     for i, args in enumerate(accepts):  # (target scores, state, dist), (draft scores, state, dist), drafts, ...
         assert address(args[0]) == address(fwd.logits_row(i))  # slot 1 is the step's first slot: rows 0..K
-        assert address(args[3]) == address(head.logits_row(head.draft_row(1, i)))
+        assert address(args[3]) == address(head.logits_row(head.draft_row(0, i)))  # place 0 of the round
         assert address(args[6]) == address(spec.rules[1].drafts)
     target = address(spec.picks_of(3).view(4 * k, 4))
     assert any(name.startswith("argmax") and any(isinstance(a, FakeBuffer) and address(a) == target for a in args)
@@ -183,11 +188,71 @@ def test_a_step_whose_slots_cannot_all_take_a_round_is_plain_and_keeps_the_heads
             assert spec.caches[slot].owed_rows == r + 1  # fed the plain step's row
 
 
+def test_slots_owing_more_rows_than_a_round_pads_to_run_the_rest_first(fixture):
+    """After plain steps (a third slot that does not speculate) the heads owe 4 rows each; a round of the two pads each
+    slot's head rows to K+1 = 2, so each first runs its 2 oldest rows through its head without drafting, moves the
+    last 2 to the front of its owed rows, and drafts from those. The head's position and owed rows stay in step with
+    the trunk throughout."""
+    k = 1
+    card, dec = decoder(fixture, k)
+    started(dec, {0: GREEDY, 1: GREEDY})
+    dec.prefill_slot(2, PROMPTS[2])
+    dec.begin(2, SlotRequest(GREEDY, PROMPTS[2], speculative=False))
+    spec = dec.speculator
+    for t in range(3):
+        dec.step({0: 10 + t, 1: 20 + t, 2: 5})
+    caches = [spec.caches[s] for s in (0, 1)]
+    assert [c.owed_rows for c in caches] == [4, 4] and caches[0].owed_tokens == [10, 11, 12]
+    before = [c.position for c in caches]
+    for slot in (0, 1):
+        spec.picks_of(slot).upload(np.asarray(reject_first(k), np.int32))
+    card.launches.clear()
+    picks = dec.step({0: 13, 1: 23})
+    assert picks[0].drafted == k and picks[1].drafted == k
+    widths = gemv_widths(card)
+    # each slot's 2 extra rows (eh_proj and the block's four GEMVs, no LM head), then the drafts' LM head
+    assert widths[2] == 2 * 5 + 1
+    assert [c.position for c in caches] == [p + 4 for p in before]  # 2 run first, 2 in the round
+    assert all(c.position + c.owed_rows == dec.seqs[s].next_position for s, c in ((0, caches[0]), (1, caches[1])))
+    assert [c.owed_rows for c in caches] == [1, 1]
+
+
+def test_a_round_of_several_slots_pads_each_slots_head_rows_with_its_token(fixture):
+    """Slot 0 owes 2 rows (an accepted draft), slot 1 one: the round's head pass runs 2 rows of each; slot 1's second
+    row embeds its own token (a valid id; the row is computed and never read) and its step record counts 1."""
+    k = 1
+    _, dec = decoder(fixture, k)
+    started(dec, {0: GREEDY, 1: GREEDY})
+    spec, head = dec.speculator, dec.speculator.head
+    spec.picks_of(0).upload(np.asarray(accept_all(k), np.int32))
+    spec.picks_of(1).upload(np.asarray(reject_first(k), np.int32))
+    dec.step({0: 7, 1: 8})
+    assert [spec.caches[s].owed_rows for s in (0, 1)] == [2, 1]
+    for slot in (0, 1):
+        spec.picks_of(slot).upload(np.asarray(reject_first(k), np.int32))
+    dec.step({0: 40, 1: 41})
+    assert list(head.round_ids(0, 2).download(np.int32, 2)) == [30, 40]  # its accepted draft's row, then its token's
+    assert list(head.round_ids(1, 2).download(np.int32, 2)) == [41, 41]
+    assert list(spec.caches[1].steps.download(np.int32, 2))[1] == 1
+
+
+def test_a_head_pass_over_several_slots_refuses_what_it_cannot_run(fixture):
+    from engine.cuda.mtp import HeadCall
+
+    _, dec = decoder(fixture, 1)
+    spec, head = dec.speculator, dec.speculator.head
+    calls = [HeadCall(spec.caches[s].rows(0), spec.caches[s].owed, head.round_ids(s, 3)) for s in range(4)]
+    for each, n in ((2, 1), (3, 3), (1, 5)):
+        with pytest.raises(ValueError):
+            head.forward_slots((calls * 2)[:n], each, 0)
+
+
 def test_round_graphs_are_captured_once_and_stay_bounded(fixture):
-    """A round of several slots replays each slot's draft graph (per owed-row count), one verify graph per set of slots
-    and modes, and each slot's commit graph (per accepted count): the second such round captures them, the third
-    replays. Pairs of eight slots taking rounds in turn would leave 8 draft + 8 commit + a verify graph per pair; the
-    card keeps MAX_GRAPHS of them."""
+    """A round of several slots replays one draft graph and one verify graph per set of slots and modes, and each
+    slot's commit graph (per accepted count): the second such round captures them, the third replays. The owed rows
+    are data: slots owing other counts (after an accepted draft, or after plain steps, whose extra rows run first)
+    replay the same draft graph. Pairs of eight slots taking rounds in turn would leave a draft and a verify graph
+    per pair and 8 commits; the card keeps MAX_GRAPHS of them."""
     k = 1
     card, dec = decoder(fixture, k, slots=8)
     started(dec, {slot: GREEDY for slot in range(4)})
@@ -196,22 +261,30 @@ def test_round_graphs_are_captured_once_and_stay_bounded(fixture):
         dec.begin(slot, SlotRequest(GREEDY, PROMPTS[slot - 4]))
     spec = dec.speculator
 
-    def rounds(pair: tuple[int, int], count: int) -> None:
+    def rounds(pair: tuple[int, int], count: int, picks=reject_first) -> None:
         for _ in range(count):
             for slot in pair:
-                spec.picks_of(slot).upload(np.asarray(reject_first(k), np.int32))
+                spec.picks_of(slot).upload(np.asarray(picks(k), np.int32))
             dec.step({slot: 5 for slot in pair})
 
     rounds((0, 1), 2)
+    assert [key[0] for key in spec.graphs._graphs] == ["drafts", "verify", "commit", "commit"]
     assert [key for key in spec.graphs._graphs if key[0] == "verify"] == [("verify", (0, 1), (True, True))]
     card.launches.clear()
     rounds((0, 1), 1)
-    assert [name for name, *_ in card.launches].count("<replay>") == 2 + 1 + 2  # drafts, verify, commits
-    assert len(spec.graphs) == 2 + 1 + 2
+    assert [name for name, *_ in card.launches].count("<replay>") == 1 + 1 + 2  # drafts, verify, commits
+    spec.picks_of(0).upload(np.asarray(accept_all(k), np.int32))
+    spec.picks_of(1).upload(np.asarray(reject_first(k), np.int32))
+    dec.step({0: 5, 1: 5})  # slot 0 accepts its draft: it owes the head 2 rows, slot 1 one
+    assert [spec.caches[s].owed_rows for s in (0, 1)] == [2, 1]
+    captured = len(card.graphs)
+    card.launches.clear()
+    rounds((0, 1), 1)
+    assert len(card.graphs) == captured  # other owed rows, the same draft graph
+    assert [name for name, *_ in card.launches].count("<replay>") == 1 + 1 + 2
     for pair in ((2, 3), (4, 5), (6, 7), (0, 2), (1, 3), (5, 7)):
         rounds(pair, 2)
-    assert spec.stats.rounds == 2 * 3 + 2 * 2 * 6
-    assert len(spec.graphs) == MAX_GRAPHS  # 8 + 8 + 7 captured, the least recently replayed released
+    assert len(spec.graphs) == MAX_GRAPHS  # 7 draft and 7 verify graphs and 8 commits captured, the oldest released
     assert len(card.graphs) <= 8 * 3
 
 

@@ -2,18 +2,17 @@
 
 Capturing executes nothing, so a piece's kernels must have been loaded by an eager launch first: a key's
 work runs eagerly the first time, is captured the second and replayed from then on. The key names what
-the work bakes into its launches (the slot, the owed rows, the accepted count...).
+the work bakes into its launches (the slots, their modes, the accepted count...).
 
 The graphs are bounded (issue 28: a card's graph count must not grow with the slots that ever speculated):
 one GraphRuns per card, shared by its StageVerifier and CudaSpeculator, keeps MAX_GRAPHS, the least recently
-replayed released first. A slot speculating alone at K <= 2 replays at most 10 graphs on a card: per mode
-(greedy, sampled) a round or draft graph for each of 1..K+1 owed rows and a decision, plus a commit per
-rejected-draft count. Slots speculating together (engine.cuda.speculative) replay one draft graph and one verify
-graph per set of slots and modes (the owed rows are data there) and each slot's commits: 4 slots at K=1 replay
-1 + 1 + 4 = 6 in steady rounds, 2 slots at K=2 1 + 1 + 4 = 6. So a bound of 16 holds a steady set of rounds and
-evicts what slots that stopped speculating left (or a rare owed-row count after batched steps). With the card's 8
-decode graphs (one per batch width) that keeps a card at 24 graphs at most: 8 batch widths x 3 verify widths
-(1 to 3 rows).
+replayed released first. A slot speculating alone at K <= 2 replays at most 6 graphs on a card: per mode
+(greedy, sampled) a round graph, or over several cards a draft graph and a decision (the owed rows are data:
+engine.cuda.mtp pads them), plus a commit per rejected-draft count. Slots speculating together
+(engine.cuda.speculative) replay one draft graph and one verify graph per set of slots and modes, and each slot's
+commits: 4 slots at K=1 replay 1 + 1 + 4 = 6 in steady rounds, 2 slots at K=2 1 + 1 + 4 = 6. So a bound of 16
+holds a steady set of rounds and evicts what slots that stopped speculating left. With the card's 8 decode graphs
+(one per batch width) that keeps a card at 24 graphs at most: 8 batch widths x 3 verify widths (1 to 3 rows).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ The pass reuses the forward pass's scratch (`h`, `proj`, the Q8_1 buffers) and i
 (`ForwardPass.run_block`), so it runs between trunk passes on the same stream, never during one.
 Everything a graph must not bake (the head's position and row count) lives in the cache's `steps`.
 
-Several slots' drafts take one pass per draft (`forward_slots`: the head's weights and the ~1 GB LM head read once
-for all of them, not once per slot). Each slot's owed rows are padded to a fixed count there, so that one captured
-graph serves every mix of owed-row counts: its step record counts the real rows, the padding rows (the slot's token,
+A round's drafts take one pass per draft over all its slots (`draft_pass`: the head's weights and the ~1 GB LM head
+read once for all of them, not once per slot). Each slot's owed rows are padded to a fixed count (K+1) there, so
+that one captured graph serves every mix of owed-row counts: its step record counts the real rows, the padding rows (the slot's token,
 stale hidden rows) are computed past them and never read, their cache rows lie past the head's position and are
 written again before any row attends to them, and the last real row is picked on the card (`copy_last_step_row`).
 """
@@ -53,7 +53,7 @@ class HeadRows:
 
 @dataclass(frozen=True)
 class HeadCall:
-    """One slot's part of a head pass over several slots (`MtpHead.forward_slots`): its cache view, its normed hidden
+    """One slot's part of a head pass over several slots (`MtpHead.draft_pass`): its cache view, its normed hidden
     rows and the device ids of the tokens after them."""
 
     rows: HeadRows
@@ -151,42 +151,26 @@ class MtpHead:
         grid, threads = norm_shape(n)
         rmsnorm_q8_1(self.card, x, d, weight, n, d, self.cfg.rms_eps, xq, xd, 2 * d, grid, threads)
 
-    def forward(self, n: int, rows: HeadRows, hidden: DeviceBuffer, ids: DeviceBuffer, logits_row: int | None) -> None:
-        """n head rows: normed trunk rows `hidden` [n][D] paired with the tokens `ids` [n] (device int32), cached
-        at the call's step position. With `logits_row`, the last row's normed output → `out` and its logits →
-        that row of `logits`; without (prefill rows nobody drafts from), the head only fills its cache."""
+    def forward(self, n: int, rows: HeadRows, hidden: DeviceBuffer, ids: DeviceBuffer) -> None:
+        """n head rows nobody drafts from (prefill rows, a plain step's owed rows): normed trunk rows `hidden` [n][D]
+        paired with the tokens `ids` [n] (device int32), cached at the call's step position."""
         if not 1 <= n <= self.max_rows:
             raise ValueError(f"a head call runs 1..{self.max_rows} rows, not {n}")
-        fwd, d = self.fwd, self.cfg.d_model
-        embed(self.card, self.w.embedding, ids, fwd.h, n)
-        self._norm_into(fwd.h, self.w.enorm, n, 0)
-        self._norm_into(hidden, self.w.hnorm, n, 1)
-        fwd._matmul(self.w.eh_proj, self.x2, fwd.h, n)
-        fwd.run_block(self.w.index, self.w.block, n, rows)  # type: ignore[arg-type]  # HeadRows quacks like a sequence
-        if logits_row is None:
-            return
-        self._logits(fwd.h.view(F32 * (n - 1) * d, F32 * d), 1, logits_row)
+        self._pass([HeadCall(rows, hidden, ids)], n)
 
-    def forward_slots(self, calls: Sequence[HeadCall], each: int, draft: int) -> None:
-        """One head call for each of several slots in one pass: slot j's `each` rows (its step record counts its real
-        rows, the first; the rest pad it to `each`) from its hidden rows and ids, cached at its step position; its
-        last real row's normed output → `out_row(j)`, its logits → row `draft_row(j, draft)`. Each slot's real rows
-        come out as its own `forward` leaves them: the GEMVs and the decode-shaped norms give a row the same bits at
-        any count up to MAX_GEMV_TOKENS (but a K-quant GEMV's single row: gemv_kq.cu's pair variants), and attention
-        launches on each slot's rows as its own call would."""
+    def draft_pass(self, calls: Sequence[HeadCall], each: int, draft: int) -> None:
+        """Draft `draft` (0-based) of each slot of a round in one pass: slot j's `each` rows (its step record counts
+        its real rows, the first; the rest pad it to `each`) from its hidden rows and ids, cached at its step position;
+        its last real row's normed output → `out_row(j)`, its logits → row `draft_row(j, draft)`. A slot's real rows
+        come out as they would in a pass of their own: the GEMVs and the decode-shaped norms give a row the same bits
+        at any count up to MAX_GEMV_TOKENS (but a K-quant GEMV's single row: gemv_kq.cu's pair variants), and
+        attention launches on each slot's rows as its own pass would."""
         slots, n = len(calls), len(calls) * each
-        if not 2 <= slots <= self.slots or n > MAX_GEMV_TOKENS:
-            raise ValueError(f"a head pass over several slots runs 2..{self.slots} slots of at most {MAX_GEMV_TOKENS} "
-                             f"rows in all, not {slots} of {each}")
+        if not 1 <= slots <= self.slots or n > MAX_GEMV_TOKENS:
+            raise ValueError(f"a draft pass runs 1..{self.slots} slots of at most {MAX_GEMV_TOKENS} rows in all, not "
+                             f"{slots} of {each}")
+        self._pass(calls, each)
         fwd, d = self.fwd, self.cfg.d_model
-        for j, call in enumerate(calls):
-            embed(self.card, self.w.embedding, call.ids, matrix_rows(fwd.h, d, j * each, each), each)
-        self._norm_into(fwd.h, self.w.enorm, n, 0)
-        for j, call in enumerate(calls):
-            self._norm_into(call.hidden, self.w.hnorm, each, 1, first=j * each)
-        fwd._matmul(self.w.eh_proj, self.x2, fwd.h, n)
-        runs = tuple(SequenceRows(call.rows, j * each, each) for j, call in enumerate(calls))  # type: ignore[arg-type]
-        fwd.run_block(self.w.index, self.w.block, n, runs)
         if each == 1:  # each slot's one row is its last
             self._logits(fwd.h, slots, self.draft_row(0, draft))
             return
@@ -194,6 +178,18 @@ class MtpHead:
             copy_last_step_row(self.card, matrix_rows(fwd.h, d, j * each, each), d, each, call.rows.step,
                                matrix_rows(self.last, d, j, 1))
         self._logits(self.last, slots, self.draft_row(0, draft))
+
+    def _pass(self, calls: Sequence[HeadCall], each: int) -> None:
+        """The head's block over `each` rows of every call, one after another in `h` (weights read once for all)."""
+        fwd, d, n = self.fwd, self.cfg.d_model, len(calls) * each
+        for j, call in enumerate(calls):
+            embed(self.card, self.w.embedding, call.ids, matrix_rows(fwd.h, d, j * each, each), each)
+        self._norm_into(fwd.h, self.w.enorm, n, 0)
+        for j, call in enumerate(calls):
+            self._norm_into(call.hidden, self.w.hnorm, each, 1, first=j * each)
+        fwd._matmul(self.w.eh_proj, self.x2, fwd.h, n)
+        runs = tuple(SequenceRows(call.rows, j * each, each) for j, call in enumerate(calls))  # type: ignore[arg-type]
+        fwd.run_block(self.w.index, self.w.block, n, runs)  # HeadRows quack like sequences
 
     def _logits(self, rows: DeviceBuffer, n: int, first: int) -> None:
         """The head's final norm of n rows of width D → `out` rows 0..n-1, their logits → `logits` rows first.."""

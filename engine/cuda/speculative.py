@@ -3,7 +3,9 @@
 A round, for a slot whose trunk is fed token x_n and owes the head r rows (engine.cuda.mtp):
 
 1. draft: one head call over the r owed rows (the last paired with x_n) drafts d_1; for K=2 a chained
-   call on the head's own output and d_1 drafts d_2 (its cache row is dropped again after the round).
+   call on the head's own output and d_1 drafts d_2 (its cache row is dropped again after the round). The
+   first call pads the owed rows to K+1 (`MtpHead.draft_pass`: the real count is data, so one graph serves
+   every r); a slot owing more (after plain steps) first runs the rest through its head, drafting nothing.
 2. verify: one trunk pass over [x_n, d_1, .., d_K] (`ForwardPass.run_verify`: the GEMV path, weights read
    once for the K+1 rows) gives target logits rows 0..K, the normed hidden rows the head will be owed,
    and each GDN layer's state after every row (the slot's `GdnRing`s).
@@ -20,14 +22,14 @@ Acceptance, on the card either way (only token ids cross PCIe):
   under the request's whole filter chain (penalties, top-k, top-p, min-p).
 Greedy requests with penalties decode plainly: the GPU sampler turns them into an arg-max of the penalised
 scores, a point mass the rule's kernels do not take.
-On a single card a round for one slot (head + verify + the rule) is one CUDA graph per (slot, kind, owed rows).
+On a single card a round for one slot (head + verify + the rule) is one CUDA graph per (slot, mode).
 A step that feeds several slots which all speculate now, with K+1 verify rows each fitting one GEMV (at most
 MAX_GEMV_TOKENS rows in all: 4 slots at K=1, 2 at K=2), is one round for all of them (`rounds`): the heads draft
-together, one head pass per draft (`MtpHead.forward_slots`, each slot's owed rows padded to K+1: a slot owing more
-first runs the rest without drafting), then one verify pass runs every slot's rows (`ForwardPass.run_verifies`)
-and each slot's own rule, greedy or sampled, over its own rows. The weights and the LM head are read once per
-head call and once for the verify, whatever the slot count; a set of slots and modes has one draft graph and one
-verify graph; each slot's rows come out bit for bit as in a round of its own (Q8_0 weights; see forward_slots).
+together, one head pass per draft over every slot's rows, then one verify pass runs every slot's rows
+(`ForwardPass.run_verifies`) and each slot's own rule, greedy or sampled, over its own rows. The weights and the
+LM head are read once per head call and once for the verify, whatever the slot count; a set of slots and modes has
+one draft graph and one verify graph; each slot's rows come out bit for bit as in a round of its own (Q8_0
+weights; see `MtpHead.draft_pass`).
 Over several cards (engine.cuda.pipeline_speculation) the speculator sits on the last card, which has the
 LM head: `draft` runs the head and returns the K drafts, every card runs its layers of the verify
 (engine.cuda.stage_verify), and `decide` finishes it and applies the rule; the accepted count goes back
@@ -172,7 +174,7 @@ class CudaSpeculator:
             m = min(head.max_rows, total - offset)
             c.steps.view(0, 8).upload(np.asarray([c.position, m], np.int32))
             head.forward(m, c.rows(0), head.rows_in.view(F32 * (start + offset) * d, F32 * m * d),
-                         head.ids.view(4 * offset, 4 * m), None)
+                         head.ids.view(4 * offset, 4 * m))
             c.position += m
         c.owed.copy_from(head.rows_in.view(F32 * (start + total) * d, F32 * d))
         c.owed_rows, c.owed_tokens = 1, []
@@ -195,7 +197,7 @@ class CudaSpeculator:
                 staged[2 : 2 + len(tokens)] = tokens
                 head.ids.view(4 * len(order), 4 * len(tokens)).upload_async(staged[2 : 2 + len(tokens)])
                 c.steps.view(0, 8).upload_async(staged[:2])
-                head.forward(len(tokens), c.rows(0), c.owed, head.ids.view(4 * len(order), 4 * len(tokens)), None)
+                head.forward(len(tokens), c.rows(0), c.owed, head.ids.view(4 * len(order), 4 * len(tokens)))
                 c.position += len(tokens)
                 c.owed_rows, c.owed_tokens = 0, []
             else:
@@ -205,14 +207,13 @@ class CudaSpeculator:
             c.owed_rows += 1
 
     # ---- a round --------------------------------------------------------------------------------
-    def _owed_rows(self, slot: int, padded: bool) -> int | None:
+    def _owed_rows(self, slot: int) -> int | None:
         """The head rows a round for this slot would run now; None when it does not speculate now (not asked,
-        behind, nothing owed, or no room for the verify rows or the head's: `padded`, K+1 of them at least)."""
+        behind, nothing owed, or no room for the verify rows or the head's, padded to K+1)."""
         c, seq = self.caches[slot], self.seqs[slot]
         if slot not in self._requests or not c.in_step or not c.owed_rows:
             return None
-        rows = max(c.owed_rows, self.k + 1) if padded else c.owed_rows
-        if seq.next_position + self.k + 1 > seq.capacity or not c.room(rows):
+        if seq.next_position + self.k + 1 > seq.capacity or not c.room(max(c.owed_rows, self.k + 1)):
             return None
         return c.owed_rows
 
@@ -226,12 +227,11 @@ class CudaSpeculator:
         if owed is None:
             return None
         slots = sorted(owed)
+        modes = tuple(self._requests[slot] for slot in slots)
         if len(slots) == 1:
-            slot, r = slots[0], owed[slots[0]]
-            greedy = self._requests[slot]
-            self.graphs.run(("round", greedy, slot, r), lambda: self._round_work(slot, r, greedy))
+            slot, greedy = slots[0], modes[0]
+            self.graphs.run(("round", greedy, slot), lambda: self._round_work(slot, greedy))
         else:
-            modes = tuple(self._requests[slot] for slot in slots)
             self._draft_slots(slots, modes)
             self.graphs.run(("verify", tuple(slots), modes), lambda: self._verify_work(slots, modes))
         return self._finish(owed)
@@ -245,10 +245,7 @@ class CudaSpeculator:
         if owed is None:
             return None
         slots = sorted(owed)
-        if len(slots) == 1:
-            self._draft(slots[0], owed[slots[0]])
-        else:
-            self._draft_slots(slots, tuple(self._requests[slot] for slot in slots))
+        self._draft_slots(slots, tuple(self._requests[slot] for slot in slots))
         for slot in slots:
             self._drafts(slot, self._requests[slot]).download_async(self._host_picks[slot, : self.k])
         self.card.stream.synchronize()
@@ -275,27 +272,26 @@ class CudaSpeculator:
     def _start_rounds(self, feeds: Mapping[int, int]) -> dict[int, int] | None:
         """Each fed slot's owed rows, with its round's values uploaded (its token to verify rows of its place in slot
         order); None, with nothing run or uploaded, when a slot does not speculate now or the slots' verify rows
-        exceed one GEMV. Slots drafting together owe at most K+1 rows each (`_catch_up`), padded to K+1."""
+        exceed one GEMV. A round's draft owes at most K+1 rows per slot (`_catch_up`), padded to K+1."""
         if not self.together(feeds):
             return None
         slots = sorted(feeds)
-        padded = len(slots) > 1
         owed: dict[int, int] = {}
         for slot in slots:
-            r = self._owed_rows(slot, padded)
+            r = self._owed_rows(slot)
             if r is None:
                 return None
             owed[slot] = r
         for row, slot in enumerate(slots):
-            if padded and owed[slot] > self.k + 1:
+            if owed[slot] > self.k + 1:
                 owed[slot] = self._catch_up(slot)
-            self._upload_round(slot, owed[slot], feeds[slot], row, self.k + 1 if padded else 0)
+            self._upload_round(slot, owed[slot], feeds[slot], row)
         return owed
 
     def _catch_up(self, slot: int) -> int:
         """Run all but the last K+1 of the slot's owed rows through its head now, drafting nothing (as `stepped` runs a
-        full set), and move those K+1 to the front of its owed rows: a draft over several slots pads each slot's rows
-        to K+1. Rare: only a slot that owes rows from plain steps gets here. Returns the rows it owes now."""
+        full set), and move those K+1 to the front of its owed rows: a round's draft pads each slot's rows to K+1.
+        Rare: only a slot that owes rows from plain steps gets here. Returns the rows it owes now."""
         c, head, d, keep = self.caches[slot], self.head, self.fwd.cfg.d_model, self.k + 1
         m = c.owed_rows - keep  # the rows run now; their tokens are all owed tokens (the fed one follows the last row)
         self.card.stream.synchronize()  # the slot's staging row may still feed a queued copy of a plain step's
@@ -305,7 +301,7 @@ class CudaSpeculator:
         ids = head.round_ids(slot, m)
         ids.upload_async(staged[2 : 2 + m])
         c.steps.view(0, 8).upload_async(staged[:2])
-        head.forward(m, c.rows(0), c.owed, ids, None)
+        head.forward(m, c.rows(0), c.owed, ids)
         kept = head.rows_in.view(0, F32 * keep * d)  # free between passes: prefill and plain steps stage rows there
         kept.copy_from(c.owed.view(F32 * m * d, F32 * keep * d))
         c.owed.copy_from(kept)
@@ -340,11 +336,11 @@ class CudaSpeculator:
             emitted_by_slot[slot] = emitted
         return emitted_by_slot
 
-    def _upload_round(self, slot: int, r: int, token: int, row: int, padded: int) -> None:
+    def _upload_round(self, slot: int, r: int, token: int, row: int) -> None:
         """Stream-ordered copies of the slot's per-step values for a round from pinned memory (the round ends in a
         synchronize, so the host array is free again before the next round writes it): its r owed rows' tokens,
-        padded to `padded` rows with its token (rows a draft over several slots runs and never reads); its token
-        also goes to trunk row `row` * (K+1), the first of its verify rows."""
+        padded to K+1 rows with its token (rows the draft runs and never reads); its token also goes to trunk row
+        `row` * (K+1), the first of its verify rows."""
         vals, c, k = self._host_round[slot], self.caches[slot], self.k
         vals[0:2] = (self.seqs[slot].next_position, k + 1)
         vals[2 : 2 + 2 * k] = c.step_values(r)
@@ -353,7 +349,7 @@ class CudaSpeculator:
         ids[r:] = token
         self.seqs[slot].step.upload_async(vals[0:2])
         c.steps.upload_async(vals[2 : 2 + 2 * k])
-        rows = max(r, padded)
+        rows = max(r, k + 1)
         self.head.round_ids(slot, rows).upload_async(ids[:rows])
         self.fwd.ids.view(4 * row * (k + 1), 4).upload_async(ids[r : r + 1])
 
@@ -369,36 +365,23 @@ class CudaSpeculator:
         """Where the slot's round left its K drafts: the arg-maxes of a greedy round, the rule's draws of a sampled one."""
         return self.picks_of(slot).view(0, 4 * self.k) if greedy else self.rules[slot].drafts
 
-    def _draft(self, slot: int, r: int) -> None:
-        """The drafts of a slot alone, from its draft graph (per mode and owed-row count)."""
-        greedy = self._requests[slot]
-        self.graphs.run(("draft", greedy, slot, r), lambda: self._draft_work(slot, r, greedy))
-
     def _draft_slots(self, slots: Sequence[int], modes: Sequence[bool]) -> None:
-        """The drafts of several slots, from their draft graph (per set of slots and modes: the owed rows are data)."""
+        """The drafts of a round's slots, from their draft graph (per set of slots and modes: the owed rows are data)."""
         self.graphs.run(("drafts", tuple(slots), tuple(modes)), lambda: self._drafts_work(slots, modes))
 
-    def _round_work(self, slot: int, r: int, greedy: bool) -> None:
-        """The device work of a round on the card with the whole model (captured as one graph): the drafts, fed
-        to the verify on the card, the verify, the targets and the rule."""
-        self._draft_work(slot, r, greedy)
+    def _round_work(self, slot: int, greedy: bool) -> None:
+        """The device work of a lone slot's round on the card with the whole model (captured as one graph): the
+        drafts, fed to the verify on the card, the verify, the targets and the rule."""
+        self._drafts_work([slot], [greedy])
         # a failed sampled draft (-1) embeds as NaN past its row: no accepted token reads it
         self.fwd.ids.view(4, 4 * self.k).copy_from(self._drafts(slot, greedy))
         self._decide_work(slot, greedy)
 
-    def _draft_work(self, slot: int, r: int, greedy: bool) -> None:
-        """The head's call over a lone slot's r owed rows and its chained calls, into the logits rows of place 0:
-        greedy drafts are arg-maxes into its `picks`, sampled ones are drawn from the head's rows by its rule."""
-        c, head, k = self.caches[slot], self.head, self.k
-        head.forward(r, c.rows(0), c.owed, head.round_ids(slot, r), head.draft_row(0, 0))
-        for i in range(k):
-            if i:
-                head.forward(1, c.rows(i), head.out_row(0), self._draft_id(slot, greedy, i - 1), head.draft_row(0, i))
-            self._pick_draft(slot, greedy, 0, i)
-
     def _drafts_work(self, slots: Sequence[int], modes: Sequence[bool]) -> None:
-        """Several slots' drafts (captured as one graph per set of slots and modes): one head pass per draft, each
-        slot's owed rows padded to K+1 in the first (its step record counts the real ones), one row each after."""
+        """A round's drafts (captured as one graph per set of slots and modes): one head pass per draft, each slot's
+        owed rows padded to K+1 in the first (its step record counts the real ones), one row each after, chained on
+        its own output and previous draft; greedy drafts are arg-maxes into the slot's `picks`, sampled ones drawn
+        from its head rows by its rule."""
         head, width = self.head, self.k + 1
         for i in range(self.k):
             if i == 0:
@@ -407,7 +390,7 @@ class CudaSpeculator:
             else:
                 calls = [HeadCall(self.caches[slot].rows(i), head.out_row(j), self._draft_id(slot, modes[j], i - 1))
                          for j, slot in enumerate(slots)]
-            head.forward_slots(calls, width if i == 0 else 1, i)
+            head.draft_pass(calls, width if i == 0 else 1, i)
             for j, slot in enumerate(slots):
                 self._pick_draft(slot, modes[j], j, i)
 

@@ -25,6 +25,7 @@ import pytest
 
 from engine.cuda.backend import CudaBackend
 from engine.cuda.bench.mtp_bench import fixture_acceptance
+from engine.cuda.mtp import HeadCall
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
 from engine.gguf.loader import load_model
@@ -233,10 +234,10 @@ def test_the_head_drafts_like_the_reference_head(models):
         gpu.prefill_slot(0, prompt)
         cache.set_steps(cache.owed_rows)
         head.ids.view(0, 4 * cache.owed_rows).upload(np.asarray(cache.owed_tokens + [token], np.int32))
-        head.forward(cache.owed_rows, cache.rows(0), cache.owed, head.ids, 0)
+        head.draft_pass([HeadCall(cache.rows(0), cache.owed, head.ids)], cache.owed_rows, 0)
         spec.picks.upload(np.asarray([draft], np.int32))
-        head.forward(1, cache.rows(1), head.out, spec.picks.view(0, 4), 1)
-        got_first, got_second = head.logits.download(np.float32, (2, v))
+        head.draft_pass([HeadCall(cache.rows(1), head.out_row(0), spec.picks.view(0, 4))], 1, 1)
+        got_first, got_second = (head.logits_row(head.draft_row(0, i)).download(np.float32, v) for i in (0, 1))
     finally:
         gpu.close()
     errors = rel_error(got_first, want_first), rel_error(got_second, want_second)
@@ -271,8 +272,8 @@ def test_plain_batched_steps_keep_the_head_in_step(models):
             assert cache.position + cache.owed_rows == dec.seqs[slot].next_position
             cache.set_steps(cache.owed_rows)
             head.ids.view(0, 4 * cache.owed_rows).upload(np.asarray(cache.owed_tokens + [3], np.int32))
-            head.forward(cache.owed_rows, cache.rows(0), cache.owed, head.ids, 0)
-            drafts.append(head.logits_row(0).download(np.float32, v))
+            head.draft_pass([HeadCall(cache.rows(0), cache.owed, head.ids)], cache.owed_rows, 0)
+            drafts.append(head.logits_row(head.draft_row(0, 0)).download(np.float32, v))
         error = rel_error(drafts[0], drafts[1])
         print(f"head after plain steps vs after a prefill: rel error {error:.2e}")
         assert error < HEAD_TOLERANCE

@@ -2,7 +2,7 @@
 exactly the round it takes alone: the same target logits, drafts, acceptances and tokens, greedy and sampled.
 
 Why the bound is bit-for-bit equality: the heads draft in one pass per draft over every slot's rows (each slot's
-owed rows padded to K+1, `MtpHead.forward_slots`), and the shared verify runs every slot's K+1 rows; both go through
+owed rows padded to K+1, `MtpHead.draft_pass`), and the shared verify runs every slot's K+1 rows; both go through
 the Q8_0 GEMV, whose rows sum in the same order at any row count (gemv_q8.cu: a lane's blocks in chunk order, then one
 shuffle tree; what tests/gpu/test_teeth_batches.py holds batched decode to), and the decode-shaped RMSNorm, which
 splits a row the same way at any count up to MAX_GEMV_TOKENS; each slot's head attention, GDN (with its ring) and

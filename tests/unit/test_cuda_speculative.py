@@ -144,8 +144,9 @@ def test_a_verify_attends_with_the_decode_kernel_one_grid_column_per_token(fixtu
     one_token = decode_splits(card.sm_count, cfg.n_head_kv)
     splits = min(one_token, max(one_token, MAX_PREFILL_SPLITS * 16) // 3)  # the partials, sized for chunk 16
     assert not any(n.startswith("attn_prefill") for n in names)
-    assert grids.count((3, cfg.n_head_kv * splits)) == len(cfg.attention_layers)  # the 3-token verify
-    assert grids.count(3 * cfg.n_head) == len(cfg.attention_layers)  # its merges, one row per (token, head)
+    # the 3-token verify, and the head's first draft call (its owed row padded to K+1 = 3 rows)
+    assert grids.count((3, cfg.n_head_kv * splits)) == len(cfg.attention_layers) + 1
+    assert grids.count(3 * cfg.n_head) == len(cfg.attention_layers) + 1  # their merges, one row per (token, head)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -283,3 +284,25 @@ def test_a_card_keeps_at_most_widths_times_verify_widths_graphs(fixture):
     assert spec.stats.rounds == 48
     assert len(dec.verifier.graphs) == MAX_GRAPHS  # slots that stopped speculating were evicted
     assert len(card.graphs) <= 8 * 3
+
+
+def test_a_lone_slots_rounds_replay_one_graph_whatever_it_owes(fixture):
+    """The head's first draft call pads the owed rows to K+1 (engine.cuda.mtp: the real count is data), so a lone slot
+    owing one row after a rejection and K+1 after full acceptance replays one round graph for both."""
+    k = 2
+    card, dec = decoder(fixture, k)
+    spec = dec.speculator
+    dec.prefill_slot(0, [1, 2, 3])
+    dec.begin(0, SlotRequest(GREEDY, [1, 2, 3]))
+    drafts = list(range(30, 30 + k))
+    outcomes = [drafts + drafts + [40], [50] * k + [60] * (k + 1)]  # all accepted (K+1 rows owed next), none (one)
+    owed = []
+    for round_ in range(8):
+        if round_ == 6:
+            captured = len(card.graphs)
+        spec.picks_of(0).upload(np.asarray(outcomes[round_ % 2], np.int32))
+        owed.append(spec.caches[0].owed_rows)
+        dec.step({0: 5})
+    assert owed == [1, k + 1] * 4 and spec.stats.rounds == 8
+    assert [key for key in spec.graphs._graphs if key[0] == "round"] == [("round", True, 0)]
+    assert len(card.graphs) == captured

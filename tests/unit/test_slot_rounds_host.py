@@ -242,9 +242,9 @@ def test_a_head_pass_over_several_slots_refuses_what_it_cannot_run(fixture):
     _, dec = decoder(fixture, 1)
     spec, head = dec.speculator, dec.speculator.head
     calls = [HeadCall(spec.caches[s].rows(0), spec.caches[s].owed, head.round_ids(s, 3)) for s in range(4)]
-    for each, n in ((2, 1), (3, 3), (1, 5)):
+    for each, n in ((2, 0), (3, 3), (1, 5)):  # no slot, 9 rows, more slots than the head's places
         with pytest.raises(ValueError):
-            head.forward_slots((calls * 2)[:n], each, 0)
+            head.draft_pass((calls * 2)[:n], each, 0)
 
 
 def test_round_graphs_are_captured_once_and_stay_bounded(fixture):

@@ -2,8 +2,9 @@
 
 Measured, per draft count K, at one context depth:
 - device time of a plain decode step (one token through the whole model + arg-max), of a verify step
-  (K+1 tokens of one sequence through `ForwardPass.run_verify` + K+1 arg-maxes) and of one draft (one MTP
-  head row + LM head + arg-max), each captured as a graph and replayed (`time_graph_ms`), so launch
+  (K+1 tokens of one sequence through `ForwardPass.run_verify` + K+1 arg-maxes) and of a round's drafts (K MTP
+  head calls, the first over the owed row padded to K+1, each with the LM head and an arg-max), each captured as a
+  graph and replayed (`time_graph_ms`), so launch
   overhead stays out as it does in decoding. The issue's target is verify(K=1) <= 1.15 x decode at 512.
 - device time of a whole round, greedy (head, verify, arg-maxes) and sampled (drafts drawn, verify, the
   card's acceptance rule: engine.cuda.speculative_sampling) under Qwen's recommended sampling
@@ -58,11 +59,11 @@ def _at_depth(dec: SlotDecoder, depth: int, slot: int = 0) -> None:
 
 
 def _device_times(dec: SlotDecoder, depth: int) -> dict[str, Any]:
-    """Device ms of a decode step, a verify step and a draft on slot 0 at `depth` (graphs of REPS calls), and
+    """Device ms of a decode step, a verify step and a round's drafts on slot 0 at `depth` (graphs of REPS calls), and
     the decode and verify steps per kernel (`kernel_breakdown`: where the verify's extra time goes)."""
     spec, fwd, seq, sampler, card = dec.speculator, dec.fwd, dec.seqs[0], dec.samplers[0], dec.card
     assert spec is not None
-    k, cache, head = spec.k, spec.caches[0], spec.head
+    k, cache = spec.k, spec.caches[0]
     _at_depth(dec, depth)
     seq.set_step(1)
 
@@ -80,17 +81,13 @@ def _device_times(dec: SlotDecoder, depth: int) -> dict[str, Any]:
 
     verify_parts = kernel_breakdown(card, lambda: verify(0), REPS)
     cache.set_steps(1)
-
-    def draft(_: int) -> None:
-        head.forward(1, cache.rows(0), cache.owed, head.ids, 0)
-        sampler.argmax(head.logits_row(0))
-
-    draft_ms = time_graph_ms(card, REPS, draft)
+    # a greedy round's drafts: K head calls, the first over the owed row padded to K+1, each with its arg-max
+    draft_ms = time_graph_ms(card, REPS, lambda _: spec._drafts_work([0], [True]))
     seq.set_step(k + 1)
     cache.set_steps(1)
-    greedy_round_ms = time_graph_ms(card, REPS, lambda _: spec._round_work(0, 1, greedy=True))
+    greedy_round_ms = time_graph_ms(card, REPS, lambda _: spec._round_work(0, greedy=True))
     sampler.configure(SAMPLED)
-    sampled_round_ms = time_graph_ms(card, REPS, lambda _: spec._round_work(0, 1, greedy=False))
+    sampled_round_ms = time_graph_ms(card, REPS, lambda _: spec._round_work(0, greedy=False))
     decode_ms, verify_ms = decode_parts["whole_us"] * 1e-3, verify_parts["whole_us"] * 1e-3
     return {"decode_step_ms": decode_ms, "verify_step_ms": verify_ms, "draft_ms": draft_ms,
             "verify_over_decode": verify_ms / decode_ms,

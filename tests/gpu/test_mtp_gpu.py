@@ -250,9 +250,10 @@ def test_the_head_drafts_like_the_reference_head(models):
 
 def test_plain_batched_steps_keep_the_head_in_step(models):
     """Slot 0 takes its continuation as plain steps batched with slot 1, whose request does not speculate (more than
-    OWED_ROWS of them, so the owed rows are flushed through the head once); slot 2 prefills the same tokens at once.
-    Their next drafts must agree (the two trunks differ only by GEMV against GEMM rounding), and slot 0 then
-    speculates."""
+    OWED_ROWS of them, so the owed rows are flushed through the head once, and it ends owing more than a round's
+    K+1); slot 2 prefills the same tokens at once. Each then takes a round fed the same token, slot 0's first running
+    its extra owed rows through the head (`CudaSpeculator._catch_up`), both padding their owed rows to K+1: their
+    drafts' logits must agree (the two trunks differ only by GEMV against GEMM rounding)."""
     loaded = models["friendly"]
     prompt, v = prompt_of(loaded), loaded.config.vocab_size
     continuation = np.random.default_rng(9).integers(0, v, 11).tolist()
@@ -266,19 +267,19 @@ def test_plain_batched_steps_keep_the_head_in_step(models):
         for t in continuation:
             dec.step({0: t, 1: t})
         dec.prefill_slot(2, prompt + continuation)
+        dec.begin(2, SlotRequest(GREEDY, prompt + continuation))
+        assert spec.caches[0].owed_rows > spec.k + 1 and spec.caches[2].owed_rows == 1
         drafts = []
         for slot in (0, 2):
             cache, head = spec.caches[slot], spec.head
             assert cache.position + cache.owed_rows == dec.seqs[slot].next_position
-            cache.set_steps(cache.owed_rows)
-            head.ids.view(0, 4 * cache.owed_rows).upload(np.asarray(cache.owed_tokens + [3], np.int32))
-            head.draft_pass([HeadCall(cache.rows(0), cache.owed, head.ids)], cache.owed_rows, 0)
+            pick = dec.step({slot: 3})[slot]
+            assert pick.drafted == spec.k and all(0 <= t < v for t in pick.tokens)  # a round
             drafts.append(head.logits_row(head.draft_row(0, 0)).download(np.float32, v))
+            assert cache.position + cache.owed_rows == dec.seqs[slot].next_position
         error = rel_error(drafts[0], drafts[1])
-        print(f"head after plain steps vs after a prefill: rel error {error:.2e}")
+        print(f"a round's draft after plain steps vs after a prefill: rel error {error:.2e}")
         assert error < HEAD_TOLERANCE
-        pick = dec.step({0: 3})[0]  # slot 0 alone: a round over its owed rows (rewriting the head rows above)
-        assert len(pick.tokens) >= 1 and all(0 <= t < v for t in pick.tokens)
     finally:
         gpu.close()
 

@@ -199,14 +199,14 @@ focus)  # after a change to a few kernels: the GPU tests named after `focus`, th
         --depths 512,4096 --json "$RES/$DAY-h200-bench-9b-q8_0.json"
     wait
     echo "bench-9b-q8_0: $(cat "$RES/bench-9b-q8_0.rc") ($SECONDS s)"; grep -A14 "^depth" "$RES/bench-9b-q8_0.log" ;;
-mtp)  # issue 28 item 6: speculation tests on one card and over three logical cards (several slots in one verify
-      # too), then the 27B over 3 cards rounds against plain steps, and the 9B one-card MTP bench (with rounds of
+mtp)  # issue 28 item 6: speculation tests on one card and over three logical cards (several slots in one round
+      # too, and the head's row pick in elementwise.cu), then the 27B over 3 cards rounds against plain steps, and the 9B one-card MTP bench (with rounds of
       # 2-4 slots together against plain steps over them)
     setup
     job gpu-mtp $(($(left) - 200)) python3 -m pytest -o addopts='' -m 'not peer' -q -rfE -n 12 --timeout 200 \
         -p no:benchmark tests/gpu/test_pipeline_speculation.py tests/gpu/test_mtp_gpu.py tests/gpu/test_pipeline.py \
         tests/gpu/test_speculative_sampling_gpu.py tests/gpu/test_teeth_fixture.py tests/gpu/test_slots.py \
-        tests/gpu/test_slot_rounds.py tests/gpu/test_shared_prefill.py
+        tests/gpu/test_slot_rounds.py tests/gpu/test_shared_prefill.py tests/gpu/test_elementwise.py
     wait
     echo "gpu-mtp: $(cat "$RES/gpu-mtp.rc") ($SECONDS s)"; tail -4 "$RES/gpu-mtp.log"
     job mtp-27b-3cards 150 python3 -m engine.cli bench --synthetic 27b --weights q8_0 --pipeline 3 --mtp \
@@ -216,7 +216,7 @@ mtp)  # issue 28 item 6: speculation tests on one card and over three logical ca
     job mtp-9b $(($(left) - 5)) python3 -m engine.cli bench --synthetic 9b --weights q8_0 --mtp --depths 512 \
         --json "$RES/$DAY-h200-mtp-9b.json"
     wait
-    echo "mtp-9b: $(cat "$RES/mtp-9b.rc") ($SECONDS s)"; tail -5 "$RES/mtp-9b.log" ;;
+    echo "mtp-9b: $(cat "$RES/mtp-9b.rc") ($SECONDS s)"; grep -E "^(MTP on|K=|  [0-9] slots together)" "$RES/mtp-9b.log" ;;
 q8-sweep)  # after a change to the Q8_0 GEMV variants or the decode mixers: their GPU tests (the slow sampled-
            # distribution checks left out), every width's sweep, then the 9B Q8_0 bench (one and several streams,
            # the MTP rounds) with the sweeps' choices in place (tests/gpu/bench_q8_choice.py)

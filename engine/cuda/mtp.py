@@ -16,9 +16,10 @@ Everything a graph must not bake (the head's position and row count) lives in th
 
 A round's drafts take one pass per draft over all its slots (`draft_pass`: the head's weights and the ~1 GB LM head
 read once for all of them, not once per slot). Each slot's owed rows are padded to a fixed count (K+1) there, so
-that one captured graph serves every mix of owed-row counts: its step record counts the real rows, the padding rows (the slot's token,
-stale hidden rows) are computed past them and never read, their cache rows lie past the head's position and are
-written again before any row attends to them, and the last real row is picked on the card (`copy_last_step_row`).
+that one captured graph serves every mix of owed-row counts: its step record counts the real rows; the padding rows
+(the slot's token, stale or zero hidden rows) are computed past them and never read, their cache rows lie past the
+head's position and are written again before any row attends to them; the last real row is picked on the card
+(`copy_last_step_row`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class MtpCache:
         self.cache = alloc_kv_layer(card, kv, n_head_kv, head_dim, capacity, f"{label}.kv")
         self.steps = card.alloc(8 * draft_tokens, f"{label}.steps")  # [call][pos, n]: the draft call, then chained
         self.owed = card.alloc(F32 * OWED_ROWS * d_model, f"{label}.owed")
+        self.owed.fill_zero()  # a draft's padding rows read rows past the owed ones: finite from the start
         self.reset()
 
     def reset(self) -> None:
@@ -145,7 +147,8 @@ class MtpHead:
         """RMSNorm of n rows of width D into half `half` (0: embedding, 1: hidden) of rows [first, first + n) of the
         [T][2D] Q8_1 input, in the trunk's norm shape (a row's bits are the same at any count up to MAX_GEMV_TOKENS)."""
         d = self.cfg.d_model
-        q_at, d_at = first * 2 * d + half * d, F32 * (first * 2 * d + half * d) // 32
+        q_at = first * 2 * d + half * d  # the first value's byte in xq; its block's scale is value q_at // 32 of xd
+        d_at = F32 * (q_at // 32)
         xq = self.x2.xq.view(q_at, self.x2.xq.nbytes - q_at)
         xd = self.x2.xd.view(d_at, self.x2.xd.nbytes - d_at)
         grid, threads = norm_shape(n)

@@ -230,6 +230,7 @@ def test_bench_driver_runs_and_projects(fixture, monkeypatch):
         together = d["slots_together"]  # every slot count whose verify rows fit one GEMV
         assert sorted(together) == ([2, 3, 4] if k == 1 else [2])
         assert all(t["rounds"]["step_ms"] > 0 and t["plain"]["tokens_per_step"] == width for width, t in together.items())
+        assert all(t["drafts_together_ms"] >= 0 and t["drafts_each_alone_ms"] >= 0 for t in together.values())
     assert "slots together" in render_mtp(r)
 
 

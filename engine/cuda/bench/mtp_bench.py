@@ -13,7 +13,8 @@ Measured, per draft count K, at one context depth:
   host's share included), greedy and sampled, with the round time and the acceptance that run saw.
 - several slots stepped together (issue 28 item 6): per slot count whose verify rows fit one GEMV (2..4 at K=1,
   2 at K=2), greedy, the time of a step that is one speculative round for all of them against a plain step over
-  the same slots, end to end through `SlotDecoder.step`.
+  the same slots, end to end through `SlotDecoder.step`; and the device time of their drafts in one head pass per
+  draft against each slot's drafts alone.
 
 Random weights accept almost nothing (contracts.md: quality needs trained models), so the result also
 carries a projection, labelled as such: tokens per round at the given per-draft acceptance a (1 + a for
@@ -130,15 +131,32 @@ def _stepped(dec: SlotDecoder, depth: int, steps: int, width: int, request: Slot
             "acceptance": stats.acceptance_rate, "tokens_per_round": stats.tokens_per_verify}
 
 
+def _draft_times(dec: SlotDecoder, depth: int, width: int) -> dict[str, float]:
+    """Device ms of the greedy drafts of slots 0..width-1 in one head pass per draft (`draft_pass`), against the sum
+    of each slot's drafts alone: what reading the head's weights and the LM head once for all of them saves."""
+    spec = dec.speculator
+    assert spec is not None
+    for slot in range(width):
+        _at_depth(dec, depth, slot)
+        spec.caches[slot].set_steps(1)
+    together = time_graph_ms(dec.card, REPS, lambda _: spec._drafts_work(list(range(width)), [True] * width))
+    alone = sum(time_graph_ms(dec.card, REPS, lambda _, s=slot: spec._drafts_work([s], [True])) for slot in range(width))
+    for slot in range(width):
+        dec.reset_slot(slot)
+    return {"drafts_together_ms": together, "drafts_each_alone_ms": alone}
+
+
 def _slots_together(dec: SlotDecoder, depth: int, steps: int, acceptance: float) -> dict[int, dict[str, Any]]:
     """Greedy decode of 2 or more slots together, as speculative rounds and as plain steps (`_stepped`), for every
-    slot count whose verify rows fit one GEMV, with the projection at `acceptance`."""
+    slot count whose verify rows fit one GEMV, with the projection at `acceptance`; and the device time of their
+    drafts in one pass against each slot's alone (`_draft_times`)."""
     k, out = dec.speculator.k, {}  # type: ignore[union-attr]
     for width in range(2, min(dec.slot_count, MAX_GEMV_TOKENS // (k + 1)) + 1):
         rounds = _stepped(dec, depth, steps, width, SlotRequest(GREEDY, ()))
         plain = _stepped(dec, depth, steps, width, SlotRequest(GREEDY, (), speculative=False))
         projected = width * tokens_per_round(acceptance, k) / (rounds["step_ms"] * 1e-3)
         out[width] = {"rounds": rounds, "plain": plain, "round_over_step": rounds["step_ms"] / plain["step_ms"],
+                      **_draft_times(dec, depth, width),
                       "projection": {"label": "PROJECTION, not a measurement: every slot's tokens per round at the "
                                               "stated acceptance over the measured round time",
                                      "acceptance": acceptance, "tokens_per_s": projected,
@@ -262,7 +280,9 @@ def render_mtp(r: dict[str, Any], fixture: dict[str, Any] | None = None) -> str:
                 f"{n} {verify[n]['us'] - plain.get(n, {}).get('us', 0.0):+.0f} ({verify[n]['launches']})" for n in extra[:8]))
         for width, t in d.get("slots_together", {}).items():
             lines.append(f"  {width} slots together: round {t['rounds']['step_ms']:.2f} ms against a plain step "
-                         f"{t['plain']['step_ms']:.2f} ms ({t['round_over_step']:.2f}x); PROJECTED at acceptance "
+                         f"{t['plain']['step_ms']:.2f} ms ({t['round_over_step']:.2f}x), drafts "
+                         f"{t['drafts_together_ms']:.3f} ms in one pass against {t['drafts_each_alone_ms']:.3f} ms "
+                         f"each alone; PROJECTED at acceptance "
                          f"{t['projection']['acceptance']:.0%}: {t['projection']['tokens_per_s']:.1f} t/s "
                          f"({t['projection']['speedup_over_plain']:.2f}x plain)")
     return "\n".join(lines)

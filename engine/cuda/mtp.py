@@ -136,8 +136,7 @@ class MtpHead:
 
     def out_row(self, place: int) -> DeviceBuffer:
         """The normed output row of the slot at `place` in its round's last head call."""
-        d = self.cfg.d_model
-        return self.out.view(F32 * place * d, F32 * d)
+        return matrix_rows(self.out, self.cfg.d_model, place, 1)
 
     def round_ids(self, slot: int, rows: int) -> DeviceBuffer:
         """Where a round's head call reads the tokens after the slot's `rows` owed rows."""

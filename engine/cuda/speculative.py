@@ -388,15 +388,11 @@ class CudaSpeculator:
                 calls = [HeadCall(self.caches[slot].rows(0), self.caches[slot].owed, head.round_ids(slot, width))
                          for slot in slots]
             else:
-                calls = [HeadCall(self.caches[slot].rows(i), head.out_row(j), self._draft_id(slot, modes[j], i - 1))
-                         for j, slot in enumerate(slots)]
+                calls = [HeadCall(self.caches[slot].rows(i), head.out_row(j),
+                                  self._drafts(slot, modes[j]).view(4 * (i - 1), 4)) for j, slot in enumerate(slots)]
             head.draft_pass(calls, width if i == 0 else 1, i)
             for j, slot in enumerate(slots):
                 self._pick_draft(slot, modes[j], j, i)
-
-    def _draft_id(self, slot: int, greedy: bool, i: int) -> DeviceBuffer:
-        """The slot's draft i (0-based) on the card: a greedy round's arg-max, a sampled one's draw."""
-        return self._pick(slot, i) if greedy else self.rules[slot].draft_id(i)
 
     def _pick_draft(self, slot: int, greedy: bool, place: int, i: int) -> None:
         """The slot's draft i from its head logits row (the slot at `place` in its round): the arg-max into its

@@ -3,17 +3,27 @@
 Kernels come from the usual lookup (engine.cuda.kernel_build): on a GPU machine without NVRTC 12.x
 set RIGLLM_KERNEL_DIR to the folder `rigllm build-kernels --out DIR` wrote. One `CudaCard` (one CUDA
 context, owned by pytest's main thread) serves the whole session; its kernels load on first use.
+
+RIGLLM_EMULATED_CARD=1 runs them on the emulated card instead (tests/emu/README.md): the same kernels on the
+CPU, for machines without a GPU. What it cannot stand for (timings, the driver itself) says so in its skips.
 """
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from engine.cuda.driver import CudaCard, gpu_unavailable_reason
+EMULATED = os.environ.get("RIGLLM_EMULATED_CARD") == "1"
+if EMULATED:
+    from tests.emu.card import install
+
+    install()
+
+from engine.cuda.driver import CudaCard, gpu_unavailable_reason  # noqa: E402  (after the emulated card's install)
 
 
 @pytest.fixture(scope="session", autouse=True)

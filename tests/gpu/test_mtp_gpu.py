@@ -253,8 +253,8 @@ def test_every_rounds_draft_is_the_reference_heads(models):
     reference's head fed the same history, within HEAD_TOLERANCE. After a rejection the slot owes one head row
     and its draft call runs padded to K+1 rows (`CudaSpeculator._upload_round`), and the draft must come from
     the real row. A draft from a padding row is O(1) off, and greedy output never shows it, since drafts only
-    move acceptance. (On the emulated card, counting the padding rows as real made the
-    tests above pass and only the acceptance test fail.)"""
+    move acceptance. (On the emulated card, counting the padding rows as real left the other head tests
+    passing; only the fixture's acceptance test failed, and this one.)"""
     from engine.generation.speculative import MtpSpeculator
     from engine.reference.activation_rounding import ActivationRounding
     from engine.reference.model import ReferenceModel

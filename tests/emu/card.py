@@ -54,12 +54,16 @@ _libraries: list[_Library] | None = None
 _LAUNCH_LOCK = threading.Lock()
 
 
+_LOAD_LOCK = threading.Lock()  # several card threads may ask for their first kernel at once
+
+
 def _kernel_libraries() -> list[_Library]:
     global _libraries
-    if _libraries is None:
-        from tests.emu.build import build
+    with _LOAD_LOCK:
+        if _libraries is None:
+            from tests.emu.build import build
 
-        _libraries = [_Library(p) for p in build()]
+            _libraries = [_Library(p) for p in build()]
     return _libraries
 
 
@@ -345,7 +349,9 @@ class EmuCard(CudaCard):
 def install() -> None:
     """Put EmuCard where engine code and the GPU tests find CudaCard, and report the GPU as available.
 
-    Modules that imported the names already get them replaced too, so it works whatever was imported first."""
+    Modules that imported the names already get them replaced too, but a default argument bound to CudaCard
+    (CudaBackend's `card_factory`) keeps it: call this before engine.cuda's modules load, as tests/gpu/conftest.py
+    does."""
     import sys
 
     import engine.cuda.driver as driver

@@ -61,7 +61,7 @@ dim3 threadIdx, blockIdx, blockDim, gridDim;
 namespace {
 enum class State : unsigned char { ready, at_warp, at_block, done };
 
-constexpr size_t STACK_BYTES = 256 * 1024;  // kernels keep tiles of registers as local arrays; 64 KiB overflowed
+constexpr size_t STACK_BYTES = 256 * 1024;  // room for kernels' local arrays; pages never touched cost nothing
 constexpr size_t GUARD_BYTES = 4096;
 constexpr size_t SLOT_BYTES = 16;
 // RIGLLM_EMU_POISON=1 fills the top of every fiber's stack with 0xFF bytes before each block, so a local read

@@ -201,7 +201,10 @@ inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
 }
-inline int __dp4a(unsigned a, unsigned b, unsigned c) { return __dp4a((int)a, (int)b, (int)c); }
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {  // the unsigned form: bytes as u8
+    for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xffu) * ((b >> (8 * i)) & 0xffu);
+    return c;
+}
 inline unsigned __vsub4(unsigned a, unsigned b) {
     unsigned r = 0;
     for (int i = 0; i < 4; ++i) r |= ((((a >> (8 * i)) & 0xffu) - ((b >> (8 * i)) & 0xffu)) & 0xffu) << (8 * i);

@@ -5,7 +5,8 @@ set RIGLLM_KERNEL_DIR to the folder `rigllm build-kernels --out DIR` wrote. One 
 context, owned by pytest's main thread) serves the whole session; its kernels load on first use.
 
 RIGLLM_EMULATED_CARD=1 runs them on the emulated card instead (tests/emu/README.md): the same kernels on the
-CPU, for machines without a GPU. What it cannot stand for (timings, the driver itself) says so in its skips.
+CPU, for machines without a GPU. It cannot stand for the driver itself (test_driver.py skips there) nor for
+timings (its events read 1 ms).
 """
 
 from __future__ import annotations

@@ -192,19 +192,25 @@ class CudaSpeculator:
             c = self.caches[slot]
             if c.owed_rows == OWED_ROWS:  # full: run them all (the fed token follows the last), before the copy
                 tokens = c.owed_tokens + [feeds[slot]]
-                staged = self._host_owed[slot]
-                staged[:2] = c.position, len(tokens)
-                staged[2 : 2 + len(tokens)] = tokens
-                head.ids.view(4 * len(order), 4 * len(tokens)).upload_async(staged[2 : 2 + len(tokens)])
-                c.steps.view(0, 8).upload_async(staged[:2])
-                head.forward(len(tokens), c.rows(0), c.owed, head.ids.view(4 * len(order), 4 * len(tokens)))
-                c.position += len(tokens)
+                self._run_owed(slot, tokens, head.ids.view(4 * len(order), 4 * len(tokens)))
                 c.owed_rows, c.owed_tokens = 0, []
             else:
                 c.owed_tokens.append(feeds[slot])
             row = order.index(slot)
             c.owed.view(F32 * c.owed_rows * d, F32 * d).copy_from(head.rows_in.view(F32 * row * d, F32 * d))
             c.owed_rows += 1
+
+    def _run_owed(self, slot: int, tokens: list[int], ids: DeviceBuffer) -> None:
+        """The slot's first len(tokens) owed rows through its head, drafting nothing, each paired with the token after
+        it: stream-ordered copies of the head's position and row count and of the tokens (into `ids`), staged in the
+        slot's pinned row, then the head's call; the head's position moves past them."""
+        c, staged, n = self.caches[slot], self._host_owed[slot], len(tokens)
+        staged[:2] = c.position, n
+        staged[2 : 2 + n] = tokens
+        ids.upload_async(staged[2 : 2 + n])
+        c.steps.view(0, 8).upload_async(staged[:2])
+        self.head.forward(n, c.rows(0), c.owed, ids)
+        c.position += n
 
     # ---- a round --------------------------------------------------------------------------------
     def _owed_rows(self, slot: int) -> int | None:
@@ -295,17 +301,10 @@ class CudaSpeculator:
         c, head, d, keep = self.caches[slot], self.head, self.fwd.cfg.d_model, self.k + 1
         m = c.owed_rows - keep  # the rows run now; their tokens are all owed tokens (the fed one follows the last row)
         self.card.stream.synchronize()  # the slot's staging row may still feed a queued copy of a plain step's
-        staged = self._host_owed[slot]
-        staged[:2] = c.position, m
-        staged[2 : 2 + m] = c.owed_tokens[:m]
-        ids = head.round_ids(slot, m)
-        ids.upload_async(staged[2 : 2 + m])
-        c.steps.view(0, 8).upload_async(staged[:2])
-        head.forward(m, c.rows(0), c.owed, ids)
+        self._run_owed(slot, c.owed_tokens[:m], head.round_ids(slot, m))
         kept = head.rows_in.view(0, F32 * keep * d)  # free between passes: prefill and plain steps stage rows there
         kept.copy_from(c.owed.view(F32 * m * d, F32 * keep * d))
         c.owed.copy_from(kept)
-        c.position += m
         c.owed_rows, c.owed_tokens = keep, c.owed_tokens[m:]
         return keep
 

@@ -18,15 +18,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from engine.cuda.driver import CudaCard, CudaError
+from engine.cuda.driver import CudaCard, CudaError, _dims, _launch_arg
 
-_SCALARS: dict[np.dtype, type] = {
-    np.dtype(np.int32): ctypes.c_int32,
-    np.dtype(np.uint32): ctypes.c_uint32,
-    np.dtype(np.int64): ctypes.c_int64,
-    np.dtype(np.uint64): ctypes.c_uint64,
-    np.dtype(np.float32): ctypes.c_float,
-}
+# ctypes of the driver's struct codes (engine.cuda.driver._launch_arg): P a pointer, then the numpy scalars
+_CTYPES: dict[str, type] = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64,
+                            "Q": ctypes.c_uint64, "f": ctypes.c_float}
 
 
 class _Entry(ctypes.Structure):
@@ -166,12 +162,12 @@ class EmuKernel:
 
     def launch(self, grid: int | Sequence[int], block: int | Sequence[int], *args: Any, shared: int = 0,
                stream: Any = None) -> None:
-        g, b = _dims(grid), _dims(block)
+        g, b = _dims(grid, "grid"), _dims(block, "block")
         if b[0] * b[1] * b[2] > 1024:
             raise ValueError(f"{self.name}: block {b} has more than 1024 threads")
         if shared > self._shared_limit:
             raise CudaError(f"{self.name}: {shared} bytes of dynamic shared memory over the {self._shared_limit} allowed")
-        values = [_argument(self.name, i, a) for i, a in enumerate(args)]
+        values = [_argument(a) for a in args]
         pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
         name, lib, run = self.name, self._library.lib, self._run
 
@@ -185,21 +181,12 @@ class EmuKernel:
         self.card._issue(execute)
 
 
-def _dims(value: int | Sequence[int]) -> tuple[int, int, int]:
-    dims = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
-    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise ValueError(f"dimensions {value!r}: 1 to 3 positive values")
-    return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
-
-
-def _argument(kernel: str, i: int, arg: Any) -> ctypes._SimpleCData:
+def _argument(arg: Any) -> ctypes._SimpleCData:
+    """One kernel argument as the ctypes value its parameter is read from; the driver's refusals for the rest."""
     if isinstance(arg, EmuBuffer):
         return ctypes.c_uint64(arg.ptr)
-    if arg is None:
-        return ctypes.c_uint64(0)
-    if isinstance(arg, np.generic) and arg.dtype in _SCALARS:
-        return _SCALARS[arg.dtype](arg.item())
-    raise TypeError(f"{kernel}: argument {i} is a {type(arg).__name__}, not a buffer, None or numpy scalar")
+    code, value = _launch_arg(arg)
+    return _CTYPES[code](value.item() if isinstance(value, np.generic) else value)
 
 
 class _Ordered:

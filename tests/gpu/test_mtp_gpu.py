@@ -210,17 +210,22 @@ def test_sampled_speculation_keeps_the_token_distribution(models, k):
     assert once == again and all(0 <= t < loaded.config.vocab_size for t in once)
 
 
-def test_the_head_drafts_like_the_reference_head(models):
-    """The head's draft logits after a prompt, and after one chained draft (K=2), against the reference's head
-    (kernel rounding) fed the same tokens: the trunk's hidden rows differ by the backends' rounding, so the
-    bound is HEAD_TOLERANCE; a wrong input half, norm or position moves the logits by O(1)."""
+def reference_speculator(loaded, k: int):
+    """The reference backend's MTP speculator for `loaded` (kernel rounding: the card's activations' quantisation)."""
     from engine.generation.speculative import MtpSpeculator
     from engine.reference.activation_rounding import ActivationRounding
     from engine.reference.model import ReferenceModel
 
+    return MtpSpeculator(ReferenceModel.from_model_file(loaded.file, rounding=ActivationRounding.KERNEL), k)
+
+
+def test_the_head_drafts_like_the_reference_head(models):
+    """The head's draft logits after a prompt, and after one chained draft (K=2), against the reference's head
+    (kernel rounding) fed the same tokens: the trunk's hidden rows differ by the backends' rounding, so the
+    bound is HEAD_TOLERANCE; a wrong input half, norm or position moves the logits by O(1)."""
     loaded = models["fixture"]  # a Q8_0 file: both backends use the same weights
     prompt, token, v = prompt_of(loaded), 17, loaded.config.vocab_size
-    ref = MtpSpeculator(ReferenceModel.from_model_file(loaded.file, rounding=ActivationRounding.KERNEL), 2)
+    ref = reference_speculator(loaded, 2)
     state, trail = ref.model.new_state(), ref.new_trail()
     ref.feed(state, trail, prompt)
     want_first, out = trail.draft_row(ref.head, state, token)
@@ -255,10 +260,6 @@ def test_every_rounds_draft_is_the_reference_heads(models):
     the real row. A draft from a padding row is O(1) off, and greedy output never shows it, since drafts only
     move acceptance. (On the emulated card, counting the padding rows as real left the other head tests
     passing; only the fixture's acceptance test failed, and this one.)"""
-    from engine.generation.speculative import MtpSpeculator
-    from engine.reference.activation_rounding import ActivationRounding
-    from engine.reference.model import ReferenceModel
-
     loaded, rounds_checked = models["fixture"], 8  # a Q8_0 file: both backends use the same weights
     prompt, v = prompt_of(loaded), loaded.config.vocab_size
     gpu = CudaBackend(loaded, context=128, chunk=32, draft_tokens=1)
@@ -278,7 +279,7 @@ def test_every_rounds_draft_is_the_reference_heads(models):
         gpu.close()
     emitted = [n for *_, n in rounds]
     assert 1 in emitted[:-1] and 2 in emitted, f"tokens per round {emitted}: a rejection followed by a round, and an acceptance, must occur"
-    ref = MtpSpeculator(ReferenceModel.from_model_file(loaded.file, rounding=ActivationRounding.KERNEL), 1)
+    ref = reference_speculator(loaded, 1)
     errors = []
     for trunk, fed, got, _ in rounds:
         state, trail = ref.model.new_state(), ref.new_trail()

@@ -23,8 +23,9 @@ Acceptance, on the card either way (only token ids cross PCIe):
 Greedy requests with penalties decode plainly: the GPU sampler turns them into an arg-max of the penalised
 scores, a point mass the rule's kernels do not take.
 On a single card a round for one slot (head + verify + the rule) is one CUDA graph per (slot, mode).
-A step that feeds several slots which all speculate now, with K+1 verify rows each fitting one GEMV (at most
-MAX_GEMV_TOKENS rows in all: 4 slots at K=1, 2 at K=2), is one round for all of them (`rounds`): the heads draft
+A step that feeds several slots which all speculate now, at most SLOTS_TOGETHER of them (2 by default, below) and
+with K+1 verify rows each fitting one GEMV (at most MAX_GEMV_TOKENS rows in all: 4 slots at K=1, 2 at K=2), is one
+round for all of them (`rounds`): the heads draft
 together, one head pass per draft over every slot's rows, then one verify pass runs every slot's rows
 (`ForwardPass.run_verifies`) and each slot's own rule, greedy or sampled, over its own rows. The weights and the
 LM head are read once per head call and once for the verify, whatever the slot count; a set of slots and modes has
@@ -61,6 +62,15 @@ from engine.generation.slots import SlotRequest
 from engine.generation.speculative import DRAFT_TOKENS, SpeculationStats
 
 F32 = 4
+
+SLOTS_TOGETHER = 2
+"""The most slots one shared round takes unless `CudaSpeculator.slots_together` says otherwise (the GPU tests and
+`rigllm bench --mtp` take every count that fits one GEMV). More slots step plainly, as a batch. Measured on the H200
+(2026-12-05, 9B Q8_0 at depth 512, `tests/gpu/results/2026-12-05-h200-s28-mtp-9b.json`): a round of 2 / 3 / 4 slots
+at K=1 costs 1.32x / 1.60x / 1.73x a plain step over the same slots (one slot alone: 1.24x), so it gains only where
+a draft is accepted more often than 32% / 60% / 73% (2 slots at K=2: 1.57x, 41%). A real head's acceptance is about
+80% (qengine's v2 head), where 3 and 4 slots would gain 12% and 4%, and below 60% they lose: each slot's verify still
+launches its own GDN and attention kernels, which a plain batch runs once for all its rows."""
 
 
 def greedy_accept(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:
@@ -107,6 +117,7 @@ class CudaSpeculator:
         self._requests: dict[int, bool] = {}  # slot → greedy (the arg-max rounds) or sampled (the card's rule)
         self._drafted: dict[int, int] | None = None  # slot → owed rows of pipeline rounds between draft and decide
         self.graphs = verifier.graphs  # one bounded set of speculation graphs per card (engine.cuda.graph_runs)
+        self.slots_together = SLOTS_TOGETHER  # the most slots one round takes
 
     @property
     def rings(self) -> list[dict[int, GdnRing]]:
@@ -138,9 +149,10 @@ class CudaSpeculator:
         return slot in self._requests
 
     def together(self, slots: Collection[int]) -> bool:
-        """May these slots take one round together: each one's request speculates, and their K+1 verify rows each
-        fit one GEMV? (A slot may still find no room for its round now: `rounds` then runs none.)"""
-        return 0 < len(slots) and len(slots) * (self.k + 1) <= MAX_GEMV_TOKENS and all(
+        """May these slots take one round together: no more than `slots_together`, each one's request speculates,
+        and their K+1 verify rows each fit one GEMV? (A slot may still find no room for its round now: `rounds` then
+        runs none.)"""
+        return 0 < len(slots) <= self.slots_together and len(slots) * (self.k + 1) <= MAX_GEMV_TOKENS and all(
             slot in self._requests for slot in slots)
 
     def prefilled(self, runs: Sequence[tuple[int, np.ndarray]]) -> None:
@@ -226,7 +238,7 @@ class CudaSpeculator:
     def rounds(self, feeds: Mapping[int, int]) -> dict[int, list[int]] | None:
         """Feed each slot its token and return, per slot, the tokens its round yields (accepted drafts + one), all but
         the last consumed by the slot's trunk; None, with nothing run, when any of them does not speculate now or
-        their verify rows exceed one GEMV (the caller takes a plain step). The whole model is on this card: one
+        `together` refuses them (the caller takes a plain step). The whole model is on this card: one
         slot's round is one graph; several slots' are their draft graph, then one graph of the shared verify and
         every slot's rule."""
         owed = self._start_rounds(feeds)
@@ -277,8 +289,8 @@ class CudaSpeculator:
 
     def _start_rounds(self, feeds: Mapping[int, int]) -> dict[int, int] | None:
         """Each fed slot's owed rows, with its round's values uploaded (its token to verify rows of its place in slot
-        order); None, with nothing run or uploaded, when a slot does not speculate now or the slots' verify rows
-        exceed one GEMV. A round's draft owes at most K+1 rows per slot (`_catch_up`), padded to K+1."""
+        order); None, with nothing run or uploaded, when a slot does not speculate now or `together` refuses the
+        slots. A round's draft owes at most K+1 rows per slot (`_catch_up`), padded to K+1."""
         if not self.together(feeds):
             return None
         slots = sorted(feeds)

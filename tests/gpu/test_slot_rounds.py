@@ -54,7 +54,9 @@ def requests_of(loaded, slots: int) -> dict[int, SlotRequest]:
 def rounds_of(gpu: CudaBackend, requests: dict[int, SlotRequest], together: bool):
     """ROUNDS speculative rounds per slot, all slots stepped together or each alone: per slot its rounds' tokens and
     its verify's logits rows [ROUNDS][K+1][V] (read from the last card's pass after each step)."""
-    k, v = gpu.stages[-1].decoder.speculator.k, gpu.config.vocab_size
+    spec = gpu.stages[-1].decoder.speculator
+    spec.slots_together = len(requests)  # every slot in one round, beyond the default SLOTS_TOGETHER
+    k, v = spec.k, gpu.config.vocab_size
     tokens, runs, rows = {}, {s: [] for s in requests}, {s: [] for s in requests}
     for slot, request in requests.items():
         gpu.reset_slot(slot)
@@ -115,6 +117,7 @@ def test_jobs_speculating_together_are_served_as_each_alone(friendly):
     gpu = CudaBackend(friendly, context=256, chunk=64, slots=4, draft_tokens=1)
     try:
         spec = gpu.slots.speculator
+        spec.slots_together = 4  # beyond the default SLOTS_TOGETHER: the rounds of four slots are what this tests
         widths: list[int] = []
         own_rounds = spec.rounds
         spec.rounds = lambda feeds: (widths.append(len(feeds)), own_rounds(feeds))[1]  # type: ignore[method-assign]

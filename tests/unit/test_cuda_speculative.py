@@ -15,7 +15,7 @@ import pytest
 
 from engine.cuda.attention_kernels import MAX_PREFILL_SPLITS, decode_splits
 from engine.cuda.gdn import GdnDims, GdnInputs, Rows, alloc_gdn_ring, gdn_mixer
-from engine.cuda.bench.mtp_bench import render_mtp, run_mtp_bench, tokens_per_round
+from engine.cuda.bench.mtp_bench import break_even_acceptance, render_mtp, run_mtp_bench, tokens_per_round
 from engine.cuda.sequence import GdnState
 from engine.cuda.slot_decoder import SlotDecoder
 from engine.cuda.speculative import greedy_accept
@@ -217,6 +217,8 @@ def test_no_round_past_the_context(fixture):
 
 def test_bench_driver_runs_and_projects(fixture, monkeypatch):
     assert tokens_per_round(0.5, 1) == 1.5 and tokens_per_round(0.5, 2) == 1.75
+    assert break_even_acceptance(1.32, 1) == pytest.approx(0.32) and break_even_acceptance(1.75, 2) == pytest.approx(0.5)
+    assert break_even_acceptance(0.9, 1) == 0.0 and break_even_acceptance(2.01, 1) is None
     # the stand-in runs no kernels: its sampled rounds report a rejected first draft
     monkeypatch.setattr(GpuSpeculativeRule, "result", lambda self: ([7] * self.k, [9]))
     card = FakeCard()
@@ -227,9 +229,13 @@ def test_bench_driver_runs_and_projects(fixture, monkeypatch):
     for k, d in r["draft_tokens"].items():
         assert d["projection"]["tokens_per_round"] == pytest.approx(tokens_per_round(0.8, k))
         assert "PROJECTION" in d["projection"]["label"] and d["measured"]["tokens_per_s"] > 0
-        together = d["slots_together"]  # every slot count whose verify rows fit one GEMV
+        together = d["slots_together"]  # every slot count whose verify rows fit one GEMV, beyond SLOTS_TOGETHER too
         assert sorted(together) == ([2, 3, 4] if k == 1 else [2])
         assert all(t["rounds"]["step_ms"] > 0 and t["plain"]["tokens_per_step"] == width for width, t in together.items())
+        assert all(t["rounds"]["tokens_per_round"] > 0 == t["plain"]["tokens_per_round"] for t in together.values())
+        for t in together.values():  # the acceptance where a round emits what its cost in plain steps would
+            even = t["break_even_acceptance"]
+            assert even is None or tokens_per_round(even, k) == pytest.approx(max(1.0, t["round_over_step"]))
         assert all(t["drafts_together_ms"] >= 0 and t["drafts_each_alone_ms"] >= 0 for t in together.values())
     assert "slots together" in render_mtp(r)
 

@@ -17,6 +17,7 @@ import pytest
 from engine.cuda.forward import SequenceRows
 from engine.cuda.graph_runs import MAX_GRAPHS
 from engine.cuda.slot_decoder import SlotDecoder
+from engine.cuda.speculative import SLOTS_TOGETHER
 from engine.cuda.weights import upload_mtp_weights, upload_weights
 from engine.generation.sampler import SamplingParams
 from engine.generation.slots import SlotRequest
@@ -35,12 +36,19 @@ def fixture():
     return load_model(FIXTURE)
 
 
-def decoder(fixture, k: int, slots: int = 4, kv: str = "f16", context: int = 96) -> tuple[FakeCard, SlotDecoder]:
+def decoder(fixture, k: int, slots: int = 4, kv: str = "f16", context: int = 96,
+            every_slot: bool = True) -> tuple[FakeCard, SlotDecoder]:
+    """`every_slot`: one round may take every slot, so that these tests reach the rounds of 3 and 4 slots that
+    SLOTS_TOGETHER leaves out by default (else the default stays)."""
     card = FakeCard()
     weights = upload_weights(card, fixture.file, fixture.config)
     mtp = upload_mtp_weights(card, fixture.file, fixture.config, weights)
-    return card, SlotDecoder(card, fixture.config, weights, context=context, slots=slots, chunk=16, mtp=mtp,
-                             draft_tokens=k, kv=kv_format(kv))
+    dec = SlotDecoder(card, fixture.config, weights, context=context, slots=slots, chunk=16, mtp=mtp,
+                      draft_tokens=k, kv=kv_format(kv))
+    assert dec.speculator is not None
+    if every_slot:
+        dec.speculator.slots_together = slots
+    return card, dec
 
 
 def started(dec: SlotDecoder, modes: dict[int, SamplingParams]) -> None:
@@ -157,10 +165,13 @@ def test_a_round_of_greedy_and_sampled_slots_reads_each_slots_own_rows(fixture):
     assert spec.caches[1].owed_tokens == drafts and spec.caches[3].owed_rows == 1
 
 
-@pytest.mark.parametrize("case", ["one does not speculate", "masked", "too many rows", "no room"])
+@pytest.mark.parametrize("case", ["one does not speculate", "masked", "too many rows", "more than a round takes",
+                                  "no room"])
 def test_a_step_whose_slots_cannot_all_take_a_round_is_plain_and_keeps_the_heads_fed(fixture, case):
     k = 2 if case == "too many rows" else 1
-    _, dec = decoder(fixture, k, context=96)
+    _, dec = decoder(fixture, k, context=96, every_slot=case != "more than a round takes")
+    if case == "more than a round takes":  # the default: three slots that all speculate are one too many
+        assert dec.speculator.slots_together == SLOTS_TOGETHER == 2
     modes = {0: GREEDY, 1: GREEDY, 2: SAMPLED}
     started(dec, modes)
     if case == "one does not speculate":

@@ -49,6 +49,20 @@ def tokens_per_round(acceptance: float, k: int) -> float:
     return sum(acceptance**i for i in range(k + 1))
 
 
+def break_even_acceptance(round_over_step: float, k: int) -> float | None:
+    """The per-draft acceptance above which rounds that cost `round_over_step` plain steps emit more tokens than
+    those steps (0 when a round costs no more than a step; None when not even every draft accepted pays)."""
+    if round_over_step <= 1.0:
+        return 0.0
+    if tokens_per_round(1.0, k) < round_over_step:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(40):  # tokens_per_round rises with the acceptance
+        mid = (low + high) / 2
+        low, high = (mid, high) if tokens_per_round(mid, k) < round_over_step else (low, mid)
+    return high
+
+
 def _at_depth(dec: SlotDecoder, depth: int, slot: int = 0) -> None:
     """The slot as if `depth` tokens had been prefilled (cache contents do not change the speed) and the head
     owed its last row."""
@@ -148,15 +162,20 @@ def _draft_times(dec: SlotDecoder, depth: int, width: int) -> dict[str, float]:
 
 def _slots_together(dec: SlotDecoder, depth: int, steps: int, acceptance: float) -> dict[int, dict[str, Any]]:
     """Greedy decode of 2 or more slots together, as speculative rounds and as plain steps (`_stepped`), for every
-    slot count whose verify rows fit one GEMV, with the projection at `acceptance`; and the device time of their
-    drafts in one pass against each slot's alone (`_draft_times`)."""
-    k, out = dec.speculator.k, {}  # type: ignore[union-attr]
+    slot count whose verify rows fit one GEMV, beyond the default SLOTS_TOGETHER too (these measurements are what it
+    rests on), with the projection at `acceptance`; and the device time of their drafts in one pass against each
+    slot's alone (`_draft_times`)."""
+    spec = dec.speculator
+    assert spec is not None
+    k, out = spec.k, {}
     for width in range(2, min(dec.slot_count, MAX_GEMV_TOKENS // (k + 1)) + 1):
+        spec.slots_together = width
         rounds = _stepped(dec, depth, steps, width, SlotRequest(GREEDY, ()))
         plain = _stepped(dec, depth, steps, width, SlotRequest(GREEDY, (), speculative=False))
         projected = width * tokens_per_round(acceptance, k) / (rounds["step_ms"] * 1e-3)
-        out[width] = {"rounds": rounds, "plain": plain, "round_over_step": rounds["step_ms"] / plain["step_ms"],
-                      **_draft_times(dec, depth, width),
+        ratio = rounds["step_ms"] / plain["step_ms"]
+        out[width] = {"rounds": rounds, "plain": plain, "round_over_step": ratio,
+                      "break_even_acceptance": break_even_acceptance(ratio, k), **_draft_times(dec, depth, width),
                       "projection": {"label": "PROJECTION, not a measurement: every slot's tokens per round at the "
                                               "stated acceptance over the measured round time",
                                      "acceptance": acceptance, "tokens_per_s": projected,
@@ -279,8 +298,10 @@ def render_mtp(r: dict[str, Any], fixture: dict[str, Any] | None = None) -> str:
             lines.append("  verify minus decode, us (launches): " + ", ".join(
                 f"{n} {verify[n]['us'] - plain.get(n, {}).get('us', 0.0):+.0f} ({verify[n]['launches']})" for n in extra[:8]))
         for width, t in d.get("slots_together", {}).items():
+            even = t.get("break_even_acceptance")
             lines.append(f"  {width} slots together: round {t['rounds']['step_ms']:.2f} ms against a plain step "
-                         f"{t['plain']['step_ms']:.2f} ms ({t['round_over_step']:.2f}x), drafts "
+                         f"{t['plain']['step_ms']:.2f} ms ({t['round_over_step']:.2f}x, gains above acceptance "
+                         f"{'never' if even is None else f'{even:.0%}'}), drafts "
                          f"{t['drafts_together_ms']:.3f} ms in one pass against {t['drafts_each_alone_ms']:.3f} ms "
                          f"each alone; PROJECTED at acceptance "
                          f"{t['projection']['acceptance']:.0%}: {t['projection']['tokens_per_s']:.1f} t/s "

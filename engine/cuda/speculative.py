@@ -66,10 +66,11 @@ F32 = 4
 SLOTS_TOGETHER = 2
 """The most slots one shared round takes unless `CudaSpeculator.slots_together` says otherwise (the GPU tests and
 `rigllm bench --mtp` take every count that fits one GEMV). More slots step plainly, as a batch. Measured on the H200
-(2026-12-05, 9B Q8_0 at depth 512, `tests/gpu/results/2026-12-05-h200-s28-mtp-9b.json`): a round of 2 / 3 / 4 slots
-at K=1 costs 1.32x / 1.60x / 1.73x a plain step over the same slots (one slot alone: 1.24x), so it gains only where
-a draft is accepted more often than 32% / 60% / 73% (2 slots at K=2: 1.57x, 41%). A real head's acceptance is about
-80% (qengine's v2 head), where 3 and 4 slots would gain 12% and 4%, and below 60% they lose: each slot's verify still
+(2026-12-05, 9B Q8_0 at depth 512, two runs: `tests/gpu/results/2026-12-05-h200-s28{,b}-mtp-9b.json`): a round of
+2 / 3 / 4 slots at K=1 costs 1.32-1.36x / 1.60-1.64x / 1.73x a plain step over the same slots (one slot alone: 1.24x),
+so it gains only where a draft is accepted more often than 32-36% / 60-64% / 73% (2 slots at K=2: 1.57-1.61x,
+41-43%). A real head's acceptance is about 80% (qengine's v2 head), where 3 and 4 slots would gain at most 12% and
+4%, and below 60% they lose: each slot's verify still
 launches its own GDN and attention kernels, which a plain batch runs once for all its rows."""
 
 

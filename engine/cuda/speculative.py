@@ -70,8 +70,8 @@ SLOTS_TOGETHER = 2
 2 / 3 / 4 slots at K=1 costs 1.32-1.36x / 1.60-1.64x / 1.73x a plain step over the same slots (one slot alone: 1.24x),
 so it gains only where a draft is accepted more often than 32-36% / 60-64% / 73% (2 slots at K=2: 1.57-1.61x,
 41-43%). A real head's acceptance is about 80% (qengine's v2 head), where 3 and 4 slots would gain at most 12% and
-4%, and below 60% they lose: each slot's verify still
-launches its own GDN and attention kernels, which a plain batch runs once for all its rows."""
+4%, and below 60% they lose: each slot's verify still launches its own GDN and attention kernels, which a plain
+batch runs once for all its rows."""
 
 
 def greedy_accept(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:

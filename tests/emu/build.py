@@ -16,8 +16,10 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from engine.cuda.kernel_build import kernel_sources
+from engine.paths import CUDA_SRC_DIR as CUDA_SRC
+
 HERE = Path(__file__).resolve().parent
-CUDA_SRC = HERE.parents[1] / "cuda_src"
 # -fno-strict-aliasing: kernels read one type through pointers to another (a uint4 load read as __half2s), which
 # CUDA compilers allow and g++ -O2 otherwise optimises away.
 FLAGS = ["-std=c++20", "-O2", "-fno-strict-aliasing", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-w"]
@@ -91,7 +93,7 @@ def _gather_shared(obj: Path) -> None:
 def build() -> list[Path]:
     """The libraries of every `.cu` file, built now if this tree's are not cached."""
     out = build_dir()
-    sources = sorted(CUDA_SRC.glob("*.cu"))
+    sources = kernel_sources()
     libraries = [out / f"{cu.stem}.so" for cu in sources]
     if all(p.exists() for p in libraries):
         return libraries

@@ -333,6 +333,11 @@ class EmuCard(CudaCard):
         self._context = None
 
 
+def requested() -> bool:
+    """RIGLLM_EMULATED_CARD=1: the GPU tests run on this card (tests/gpu/conftest.py installs it)."""
+    return os.environ.get("RIGLLM_EMULATED_CARD") == "1"
+
+
 def install() -> None:
     """Put EmuCard where engine code and the GPU tests find CudaCard, and report the GPU as available.
 

@@ -11,17 +11,15 @@ timings (its events read 1 ms).
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-EMULATED = os.environ.get("RIGLLM_EMULATED_CARD") == "1"
-if EMULATED:
-    from tests.emu.card import install
+from tests.emu.card import install, requested
 
+if requested():
     install()
 
 from engine.cuda.driver import CudaCard, gpu_unavailable_reason  # noqa: E402  (after the emulated card's install)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from engine.errors import RigllmError
 from engine.cuda.driver import CudaCard, CudaError
 from engine.cuda.gemv import alloc_q8_activations, gemv_q8, quantize_q8_1, upload_q8_weight
+from tests.emu.card import requested as emulated_card_requested
 from tests.gpu.gpu_fixtures import assert_equal, random_activations, random_q8_weight, run_on_thread
 
 MIB = 1 << 20
-pytestmark = pytest.mark.skipif(os.environ.get("RIGLLM_EMULATED_CARD") == "1",
+pytestmark = pytest.mark.skipif(emulated_card_requested(),
                                 reason="tests pycuda's facade itself, which the emulated card replaces")
 
 
